@@ -1,0 +1,21 @@
+# make install: set up .venv (Open MPI, torch, paraflow, Horovod); make test; make bench.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.paraflow-installed
+
+.PHONY: install test bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh
+	bash scripts/install.sh $(VENV)
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest
+
+bench: install
+	$(VENV)/bin/paraflow bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results

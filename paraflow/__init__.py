@@ -1,0 +1,47 @@
+"""paraflow: one PyTorch training loop under any data-parallel method.
+
+    import paraflow
+    backend = paraflow.init("ddp")          # or None: PARAFLOW_BACKEND, else by launcher
+    model = backend.wrap_model(model)
+    optimizer = backend.wrap_optimizer(optimizer, model)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from .backends.base import Backend
+from .environment import ProcessEnvironment, detect_environment
+from .errors import (BackendUnavailableError, CollectiveError, CollectiveTimeoutError,
+                     ConfigurationError, LauncherError, MissingDependencyError, ParaflowError,
+                     UnknownBackendError)
+from .registry import available_backends, registered_names
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "get_backend", "available_backends", "registered_names", "default_backend_name",
+    "Backend", "ProcessEnvironment", "detect_environment",
+    "ParaflowError", "UnknownBackendError", "BackendUnavailableError", "MissingDependencyError",
+    "LauncherError", "CollectiveError", "CollectiveTimeoutError", "ConfigurationError",
+]
+
+
+def default_backend_name(environment: Optional[ProcessEnvironment] = None) -> str:
+    """PARAFLOW_BACKEND if set, else "ddp" when a launcher started several processes, else "single"."""
+    if os.environ.get("PARAFLOW_BACKEND"):
+        return os.environ["PARAFLOW_BACKEND"]
+    env = environment or detect_environment()
+    return "ddp" if env.is_distributed else "single"
+
+
+def get_backend(name: str, **options: Any) -> Backend:
+    """Create the backend registered as `name` with `options`, not yet initialised."""
+    from .registry import create
+    return create(name, **options)
+
+
+def init(backend: Optional[str] = None, **options: Any) -> Backend:
+    """Create and initialise a backend; `backend=None` picks one (see default_backend_name)."""
+    return get_backend(backend or default_backend_name(), **options).init()

@@ -1,0 +1,309 @@
+"""The Backend interface: one API for every data-parallel method."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import datetime
+import os
+from typing import Any, ContextManager, Optional
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, DistributedSampler
+
+from ..environment import ProcessEnvironment, detect_environment
+from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError
+
+__all__ = ["Backend", "LocalCollectives", "REDUCE_OPS", "DEFAULT_TIMEOUT_S"]
+
+REDUCE_OPS = ("sum", "mean", "min", "max")
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class Backend(abc.ABC):
+    """A data-parallel method behind one API.
+
+    Create with :func:`paraflow.get_backend` or :func:`paraflow.init`, then ``init()``;
+    use as a context manager to shut down on exit.
+
+    Args:
+        name: the registered name this backend was created under.
+        num_threads: torch threads per process on CPU (default: cores // local processes,
+            or PARAFLOW_NUM_THREADS).
+        timeout: seconds a collective may wait before failing (default 1800).
+        world_size: the number of processes you expect; a mismatch with the launcher fails.
+        device: "cpu" or "cuda" (default: CUDA when the backend uses it and it is available).
+    """
+
+    #: Backend-specific option names accepted besides the common ones.
+    OPTIONS: frozenset = frozenset()
+    #: Whether one process may be one of several started by a launcher.
+    MULTI_PROCESS = True
+
+    def __init__(self, name: str, *, num_threads: Optional[int] = None,
+                 timeout: Optional[float] = None, world_size: Optional[int] = None,
+                 device: Optional[str] = None, **options: Any) -> None:
+        unknown = set(options) - self.OPTIONS
+        if unknown:
+            accepted = sorted(self.OPTIONS | {"num_threads", "timeout", "world_size", "device"})
+            raise ConfigurationError(
+                f"backend {name!r} does not take option(s) {', '.join(sorted(unknown))}; "
+                f"it accepts: {', '.join(accepted)}."
+            )
+        self.name = name
+        self.options = options
+        self.num_threads = num_threads
+        self.timeout = self._timeout_seconds(timeout)
+        self.expected_world_size = world_size
+        self.requested_device = device
+        self.env: Optional[ProcessEnvironment] = None
+        self.device = torch.device("cpu")
+        self._initialized = False
+
+    # ---------------------------------------------------------------- lifecycle
+    @classmethod
+    def unavailable_reason(cls, **presets: Any) -> Optional[str]:
+        """None when this backend can run on this machine, else why it cannot."""
+        return None
+
+    def init(self, environment: Optional[ProcessEnvironment] = None) -> "Backend":
+        """Join the job: detect the launcher, pin the device and threads, start communication."""
+        if self._initialized:
+            return self
+        reason = self.unavailable_reason(**self._presets())
+        if reason:
+            raise BackendUnavailableError(f"backend {self.name!r} cannot run here: {reason}")
+        self.env = environment or detect_environment()
+        self._check_launcher(self.env)
+        self.device = self._select_device()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        else:
+            torch.set_num_threads(self._threads_per_process())
+        self._init()
+        self._initialized = True
+        return self
+
+    def shutdown(self) -> None:
+        """Leave the job and release communication resources; safe to call twice."""
+        if self._initialized:
+            self._initialized = False
+            self._shutdown()
+
+    def __enter__(self) -> "Backend":
+        return self.init()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        where = f"rank {self.rank}/{self.world_size}" if self.env else "not initialised"
+        return f"<{type(self).__name__} {self.name!r} {where} on {self.device}>"
+
+    # ---------------------------------------------------------------- identity
+    @property
+    def rank(self) -> int:
+        """Global rank of this process."""
+        return self._env().rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return self._env().world_size
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its host."""
+        return self._env().local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of processes on this host."""
+        return self._env().local_world_size
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the process that logs and writes."""
+        return self.rank == 0
+
+    @property
+    def launcher(self) -> str:
+        """The launcher that started this process (torchrun, openmpi, slurm, python, ...)."""
+        return self._env().launcher
+
+    # ---------------------------------------------------------------- training
+    @abc.abstractmethod
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Move `model` to this process's device and wrap it for gradient synchronisation."""
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer,
+                       model: Optional[nn.Module] = None) -> torch.optim.Optimizer:
+        """Return an optimizer whose step sees synchronised gradients (unchanged by default)."""
+        return optimizer
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's own module inside whatever `wrap_model` returned."""
+        return getattr(model, "module", model)
+
+    def no_sync(self, model: nn.Module) -> ContextManager:
+        """Context in which backward passes accumulate gradients locally without communicating."""
+        return contextlib.nullcontext()
+
+    def distributed_sampler(self, dataset: Dataset, shuffle: bool = True, seed: int = 0,
+                            drop_last: bool = False) -> DistributedSampler:
+        """A sampler giving this rank its shard of `dataset`; call ``set_epoch`` each epoch.
+
+        Shards have equal length: with ``drop_last=False`` the last few samples are repeated to
+        fill them, with ``drop_last=True`` the remainder is dropped (torch's DistributedSampler).
+        """
+        return DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank,
+                                  shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+    # ---------------------------------------------------------------- collectives
+    def allreduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """Reduce `tensor` over all ranks with `op` (sum, mean, min, max); input is unchanged."""
+        self._check_tensor(tensor, "allreduce")
+        if op not in REDUCE_OPS:
+            raise ConfigurationError(f"allreduce op {op!r} is not one of {', '.join(REDUCE_OPS)}.")
+        if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
+            raise ConfigurationError(
+                f"allreduce op 'mean' needs a floating-point tensor, got {tensor.dtype}; "
+                "use op='sum' and divide, or convert with tensor.double()."
+            )
+        return self._allreduce(tensor.detach().clone(), op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Return rank `src`'s `tensor` on every rank; input is unchanged."""
+        self._check_tensor(tensor, "broadcast")
+        if not 0 <= src < self.world_size:
+            raise ConfigurationError(f"broadcast src={src} is outside ranks 0..{self.world_size - 1}.")
+        return self._broadcast(tensor.detach().clone(), src)
+
+    def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Return every rank's `tensor` (same shape on all ranks), indexed by rank."""
+        self._check_tensor(tensor, "allgather")
+        return self._allgather(tensor.detach().contiguous())
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Wait until every rank reaches this call."""
+
+    # ---------------------------------------------------------------- for subclasses
+    @abc.abstractmethod
+    def _init(self) -> None:
+        """Start this backend's communication; the environment and device are set."""
+
+    def _shutdown(self) -> None:
+        """Tear down what `_init` started."""
+
+    @abc.abstractmethod
+    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """Reduce the private copy `tensor` in place or not, and return the result."""
+
+    @abc.abstractmethod
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Broadcast the private copy `tensor` from `src` and return it."""
+
+    @abc.abstractmethod
+    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Gather `tensor` from every rank."""
+
+    def _uses_cuda(self) -> bool:
+        """Whether this backend puts models on CUDA when a GPU is present."""
+        return torch.cuda.is_available()
+
+    def _presets(self) -> dict:
+        return {}
+
+    # ---------------------------------------------------------------- helpers
+    def _env(self) -> ProcessEnvironment:
+        if self.env is None:
+            raise ParaflowError(f"backend {self.name!r} is not initialised; call init() first.")
+        return self.env
+
+    def _check_launcher(self, env: ProcessEnvironment) -> None:
+        if self.expected_world_size is not None and self.expected_world_size != env.world_size:
+            if env.launcher == "python":
+                raise LauncherError(
+                    f"world_size={self.expected_world_size} was requested but no launcher started "
+                    f"this process (plain python is one process). Launch it with `torchrun "
+                    f"--nproc_per_node {self.expected_world_size} train.py --backend {self.name}` "
+                    f"or `mpirun -np {self.expected_world_size} python train.py --backend {self.name}`."
+                )
+            raise LauncherError(
+                f"world_size={self.expected_world_size} was requested but {env.launcher} started "
+                f"{env.world_size} processes; make the two agree."
+            )
+        if not self.MULTI_PROCESS and env.world_size > 1:
+            raise LauncherError(
+                f"backend {self.name!r} runs in one process, but {env.launcher} started "
+                f"{env.world_size}. Run it with plain python (`python train.py --backend {self.name}`),"
+                f" or use a multi-process backend: `torchrun --nproc_per_node {env.world_size} "
+                f"train.py --backend ddp`."
+            )
+
+    def _select_device(self) -> torch.device:
+        want = self.requested_device
+        if want is None:
+            want = "cuda" if self._uses_cuda() else "cpu"
+        if want == "cpu":
+            return torch.device("cpu")
+        if want == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigurationError("device='cuda' was requested but torch sees no GPU.")
+            count = torch.cuda.device_count()
+            if self.local_rank >= count:
+                raise LauncherError(
+                    f"local rank {self.local_rank} has no GPU: this host has {count}. Start at most "
+                    f"{count} processes per host (`torchrun --nproc_per_node {count} ...`)."
+                )
+            return torch.device("cuda", self.local_rank)
+        raise ConfigurationError(f"device={want!r} is not 'cpu' or 'cuda'.")
+
+    def _threads_per_process(self) -> int:
+        if self.num_threads is not None:
+            return max(1, int(self.num_threads))
+        if os.environ.get("PARAFLOW_NUM_THREADS"):
+            return max(1, int(os.environ["PARAFLOW_NUM_THREADS"]))
+        return max(1, _cores() // max(1, self.local_world_size))
+
+    def _check_tensor(self, tensor: Any, collective: str) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise ConfigurationError(f"{collective} takes a torch.Tensor, got {type(tensor).__name__}.")
+        self._env()
+
+    @staticmethod
+    def _timeout_seconds(timeout: Any) -> float:
+        if timeout is None:
+            return float(os.environ.get("PARAFLOW_TIMEOUT", DEFAULT_TIMEOUT_S))
+        if isinstance(timeout, datetime.timedelta):
+            return timeout.total_seconds()
+        value = float(timeout)
+        if value <= 0:
+            raise ConfigurationError(f"timeout must be positive seconds, got {timeout!r}.")
+        return value
+
+
+class LocalCollectives:
+    """Collectives for a single process: every result is this process's own tensor."""
+
+    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        return tensor
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        return tensor
+
+    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return [tensor.clone()]
+
+    def barrier(self) -> None:
+        """Nothing to wait for in one process."""
+

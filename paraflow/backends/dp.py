@@ -1,0 +1,42 @@
+"""torch.nn.DataParallel: one process splitting each batch over the visible GPUs."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from .base import Backend, LocalCollectives
+
+__all__ = ["DataParallelBackend"]
+
+
+class DataParallelBackend(LocalCollectives, Backend):
+    """nn.DataParallel over every visible GPU; a pass-through on a CPU-only host.
+
+    Options:
+        device_ids: GPUs to use (default: all visible).
+        output_device: GPU that gathers outputs (default: the first of device_ids).
+    """
+
+    OPTIONS = frozenset({"device_ids", "output_device"})
+    MULTI_PROCESS = False
+    _warned_cpu = False
+
+    def _init(self) -> None:
+        if self.device.type != "cuda" and not DataParallelBackend._warned_cpu:
+            DataParallelBackend._warned_cpu = True
+            warnings.warn("dp: no GPU visible, so DataParallel runs as a pass-through on the CPU "
+                          "(one replica, no splitting).", stacklevel=3)
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Move `model` to the first GPU and wrap it in nn.DataParallel.
+
+        With no GPU, torch's DataParallel keeps no device ids and calls the module directly.
+        """
+        model = model.to(self.device)
+        if self.device.type != "cuda":
+            return nn.DataParallel(model)
+        ids = self.options.get("device_ids") or list(range(torch.cuda.device_count()))
+        return nn.DataParallel(model, device_ids=ids, output_device=self.options.get("output_device"))

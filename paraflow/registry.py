@@ -1,0 +1,79 @@
+"""Backend names mapped to classes and preset options; heavy modules are imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .errors import UnknownBackendError
+
+__all__ = ["register", "registered_names", "create", "BackendSpec", "available_backends"]
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A registered name: where its class lives and the options it presets."""
+
+    name: str
+    target: str  # "module:Class", imported on first use
+    presets: dict = field(default_factory=dict)
+    description: str = ""
+
+    def load(self) -> type:
+        """Import and return the backend class."""
+        module, _, cls = self.target.partition(":")
+        return getattr(importlib.import_module(module), cls)
+
+
+_REGISTRY: dict[str, BackendSpec] = {}
+
+
+def register(name: str, target: str, description: str = "", **presets: Any) -> None:
+    """Register `target` ("module:Class") under `name` with preset keyword options."""
+    _REGISTRY[name] = BackendSpec(name, target, presets, description)
+
+
+def registered_names() -> list[str]:
+    """Every registered backend name, in registration order."""
+    return list(_REGISTRY)
+
+
+def spec(name: str) -> BackendSpec:
+    """The registration of `name`; unknown names get the list of known ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownBackendError(
+            f"unknown backend {name!r}; known backends: {', '.join(_REGISTRY)}. "
+            "Pick one with --backend NAME or PARAFLOW_BACKEND=NAME."
+        ) from None
+
+
+def create(name: str, **options: Any):
+    """Instantiate backend `name` (not yet initialised); `options` override its presets."""
+    s = spec(name)
+    return s.load()(name=name, **{**s.presets, **options})
+
+
+def available_backends() -> dict[str, Optional[str]]:
+    """Map every registered name to None when it can run here, else the reason it cannot."""
+    result: dict[str, Optional[str]] = {}
+    for name, s in _REGISTRY.items():
+        try:
+            result[name] = s.load().unavailable_reason(**s.presets)
+        except ImportError as exc:  # a backend module whose own imports fail
+            result[name] = str(exc)
+    return result
+
+
+register("single", "paraflow.backends.single:SingleProcessBackend",
+         "one process, no wrapper: the baseline")
+register("dp", "paraflow.backends.dp:DataParallelBackend",
+         "torch.nn.DataParallel over the visible GPUs, one process")
+register("ddp", "paraflow.backends.ddp:DDPBackend",
+         "DistributedDataParallel, NCCL when CUDA is available else gloo", process_group="auto")
+register("ddp-gloo", "paraflow.backends.ddp:DDPBackend",
+         "DistributedDataParallel over gloo", process_group="gloo")
+register("ddp-nccl", "paraflow.backends.ddp:DDPBackend",
+         "DistributedDataParallel over NCCL (CUDA)", process_group="nccl")

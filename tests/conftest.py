@@ -1,0 +1,58 @@
+"""Shared test helpers: launching workers under real launchers with hard timeouts."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from paraflow.launch import launch_command, run_launch
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+# One thread per rank, so ranks on a 2-core machine do not fight for cores.
+RANK_ENV = {"OMP_NUM_THREADS": "1", "PARAFLOW_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
+
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none is visible")
+
+
+def launch(launcher: str, nproc: int, script: list, timeout: float = 120, env: dict | None = None):
+    """Run `script` under `launcher` with `nproc` processes; fail the test on timeout."""
+    extra = {**RANK_ENV, **(env or {})}
+    cmd = launch_command(launcher, nproc, [str(s) for s in script], env_keys=list(extra))
+    result = run_launch(cmd, timeout=timeout, env=extra, cwd=str(ROOT))
+    assert not result.timed_out, f"timed out after {timeout}s: {' '.join(cmd)}\n{result.stderr[-3000:]}"
+    return result
+
+
+def launch_ok(launcher: str, nproc: int, script: list, timeout: float = 120, env: dict | None = None):
+    """Like `launch`, and the launch must exit 0."""
+    result = launch(launcher, nproc, script, timeout, env)
+    assert result.returncode == 0, (f"exit {result.returncode}: {' '.join(result.command)}\n"
+                                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result
+
+
+def read_rank_json(directory: Path, nproc: int) -> list:
+    """Per-rank JSON files rank0.json ... written by a worker."""
+    return [json.loads((directory / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
+
+
+@pytest.fixture(autouse=True)
+def _clean_launcher_env(monkeypatch):
+    """Unit tests see no launcher variables from the shell that started pytest."""
+    for key in list(os.environ):
+        if key.startswith(("OMPI_", "PMI_", "SLURM_", "HOROVOD_", "MV2_", "PARAFLOW_BACKEND")) or key in (
+                "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            monkeypatch.delenv(key, raising=False)

@@ -1,0 +1,55 @@
+"""Train a float64 model for a few steps on a fixed global batch split evenly over ranks.
+
+Usage: <launcher> python tests/workers/equivalence.py BACKEND OUT [ACCUMULATION]
+Rank r takes rows [r*B/n, (r+1)*B/n) of every global batch; with ACCUMULATION k > 1 each rank's
+share is further split into k micro-batches whose losses are scaled by 1/k. Rank 0 writes the
+final parameters to OUT.
+"""
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import paraflow
+from paraflow.models import build_model
+
+STEPS, GLOBAL_BATCH, SEED = 5, 16, 1234
+
+
+def main(name: str, out: str, accumulation: int = 1) -> None:
+    torch.set_default_dtype(torch.float64)
+    with paraflow.init(name) as backend:
+        torch.manual_seed(SEED)
+        model = backend.wrap_model(build_model("mlp", width=16))
+        optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model)
+        g = torch.Generator().manual_seed(SEED)
+        n, r = backend.world_size, backend.rank
+        share = GLOBAL_BATCH // n
+        for _ in range(STEPS):
+            x = torch.randn(GLOBAL_BATCH, 1, 8, 8, generator=g)
+            y = torch.randint(0, 10, (GLOBAL_BATCH,), generator=g)
+            x, y = x[r * share:(r + 1) * share], y[r * share:(r + 1) * share]
+            optimizer.zero_grad()
+            micro = share // accumulation
+            for k in range(accumulation):
+                xs, ys = x[k * micro:(k + 1) * micro], y[k * micro:(k + 1) * micro]
+                last = k == accumulation - 1
+                with (backend.no_sync(model) if not last else _nothing()):
+                    loss = F.cross_entropy(model(xs), ys) / accumulation
+                    loss.backward()
+            optimizer.step()
+        if backend.is_main:
+            torch.save({k: v.cpu() for k, v in backend.unwrap(model).state_dict().items()}, out)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)
