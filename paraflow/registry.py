@@ -77,3 +77,5 @@ register("ddp-gloo", "paraflow.backends.ddp:DDPBackend",
          "DistributedDataParallel over gloo", process_group="gloo")
 register("ddp-nccl", "paraflow.backends.ddp:DDPBackend",
          "DistributedDataParallel over NCCL (CUDA)", process_group="nccl")
+register("horovod", "paraflow.backends.horovod:HorovodBackend",
+         "Horovod DistributedOptimizer; MPI controller under mpirun, gloo otherwise")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from paraflow.horovod_import import horovod_missing_reason
 from paraflow.launch import launch_command, run_launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,6 +21,8 @@ RANK_ENV = {"OMP_NUM_THREADS": "1", "PARAFLOW_NUM_THREADS": "1", "PYTHONPATH": s
             "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none is visible")
+_HOROVOD_MISSING = horovod_missing_reason()
+requires_horovod = pytest.mark.skipif(_HOROVOD_MISSING is not None, reason=f"needs horovod: {_HOROVOD_MISSING}")
 
 
 def launch(launcher: str, nproc: int, script: list, timeout: float = 120, env: dict | None = None):

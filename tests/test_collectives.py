@@ -10,6 +10,9 @@ NPROC = 2
 CASES = [
     ("ddp-gloo", "torchrun"),
     ("ddp-gloo", "mpirun"),
+    ("horovod", "mpirun"),
+    ("horovod", "horovodrun"),
+    ("horovod", "torchrun"),
 ]
 
 

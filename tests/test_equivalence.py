@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from conftest import WORKERS, launch_ok
+from conftest import WORKERS, launch_ok, requires_horovod
 
 SCRIPT = WORKERS / "equivalence.py"
 
 
-def train(tmp_path, backend, launcher, nproc, accumulation=1):
-    out = tmp_path / f"{backend}-{launcher}-{nproc}-{accumulation}.pt"
-    launch_ok(launcher, nproc, [SCRIPT, backend, out, accumulation], timeout=180)
+def train(tmp_path, backend, launcher, nproc, accumulation=1, mode="no_sync"):
+    out = tmp_path / f"{backend}-{launcher}-{nproc}-{accumulation}-{mode}.pt"
+    launch_ok(launcher, nproc, [SCRIPT, backend, out, accumulation, mode], timeout=180)
     return torch.load(out)
 
 
@@ -40,3 +40,21 @@ def test_training_actually_moves_parameters(tmp_path):
     initial = build_model("mlp", width=16).double().state_dict()
     trained = train(tmp_path, "single", "python", 1)
     assert any(not torch.allclose(initial[k], trained[k]) for k in initial if initial[k].is_floating_point())
+
+
+@requires_horovod
+@pytest.mark.timeout(300)
+def test_horovod_two_ranks_matches_ddp_gloo_and_single(tmp_path):
+    reference = train(tmp_path, "single", "python", 1)
+    horovod = train(tmp_path, "horovod", "mpirun", 2)
+    assert_same_parameters(horovod, reference)
+    assert_same_parameters(horovod, train(tmp_path, "ddp-gloo", "torchrun", 2))
+
+
+@requires_horovod
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("launcher, mode", [("horovodrun", "no_sync"), ("mpirun", "option")],
+                         ids=["no_sync-horovodrun", "accumulation_steps-mpirun"])
+def test_horovod_gradient_accumulation_matches_single(tmp_path, launcher, mode):
+    reference = train(tmp_path, "single", "python", 1)
+    assert_same_parameters(train(tmp_path, "horovod", launcher, 2, accumulation=2, mode=mode), reference)

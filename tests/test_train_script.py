@@ -1,6 +1,7 @@
 """train.py end to end under real launchers: it must learn the digits data on every backend."""
 
 import json
+import re
 
 import pytest
 
@@ -15,6 +16,9 @@ CASES = [
     ("ddp-gloo", "python", 1),
     ("ddp", "torchrun", 2),
     ("ddp-gloo", "mpirun", 2),
+    ("horovod", "mpirun", 2),
+    ("horovod", "horovodrun", 2),
+    ("horovod", "torchrun", 2),
 ]
 
 
@@ -30,7 +34,9 @@ def test_train_reaches_accuracy_bar_on_digits(backend, launcher, nproc, tmp_path
     assert summary["accuracy"] >= ACCURACY_BAR, summary
     assert len(summary["step_times_s"]) == summary["steps"] > 0
     # Only rank 0 prints: one line per epoch.
-    lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    # horovodrun prefixes each line with the rank that wrote it: "[0]<stdout>:".
+    lines = [line for line in result.stdout.splitlines()
+             if re.sub(r"^\[\d+\]<stdout>:", "", line).startswith("epoch ")]
     assert len(lines) == summary["epochs_run"], result.stdout
 
 

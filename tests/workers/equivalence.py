@@ -1,9 +1,10 @@
 """Train a float64 model for a few steps on a fixed global batch split evenly over ranks.
 
-Usage: <launcher> python tests/workers/equivalence.py BACKEND OUT [ACCUMULATION]
+Usage: <launcher> python tests/workers/equivalence.py BACKEND OUT [ACCUMULATION [MODE]]
 Rank r takes rows [r*B/n, (r+1)*B/n) of every global batch; with ACCUMULATION k > 1 each rank's
-share is further split into k micro-batches whose losses are scaled by 1/k. Rank 0 writes the
-final parameters to OUT.
+share is further split into k micro-batches whose losses are scaled by 1/k. MODE "no_sync"
+(default) runs the first k-1 backward passes under backend.no_sync; "option" passes
+accumulation_steps=k to the backend instead. Rank 0 writes the final parameters to OUT.
 """
 
 import sys
@@ -17,9 +18,10 @@ from paraflow.models import build_model
 STEPS, GLOBAL_BATCH, SEED = 5, 16, 1234
 
 
-def main(name: str, out: str, accumulation: int = 1) -> None:
+def main(name: str, out: str, accumulation: int = 1, mode: str = "no_sync") -> None:
     torch.set_default_dtype(torch.float64)
-    with paraflow.init(name) as backend:
+    options = {"accumulation_steps": accumulation} if mode == "option" else {}
+    with paraflow.init(name, **options) as backend:
         torch.manual_seed(SEED)
         model = backend.wrap_model(build_model("mlp", width=16))
         optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model)
@@ -34,7 +36,7 @@ def main(name: str, out: str, accumulation: int = 1) -> None:
             micro = share // accumulation
             for k in range(accumulation):
                 xs, ys = x[k * micro:(k + 1) * micro], y[k * micro:(k + 1) * micro]
-                last = k == accumulation - 1
+                last = k == accumulation - 1 or mode == "option"
                 with (backend.no_sync(model) if not last else _nothing()):
                     loss = F.cross_entropy(model(xs), ys) / accumulation
                     loss.backward()
@@ -52,4 +54,5 @@ class _nothing:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1,
+         sys.argv[4] if len(sys.argv) > 4 else "no_sync")

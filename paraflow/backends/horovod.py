@@ -1,0 +1,485 @@
+"""Horovod: DistributedOptimizer for gradients, horovod collectives, MPI or gloo controller.
+
+The controller follows the launcher: MPI under ``mpirun`` (Open MPI, MPICH, MVAPICH2), gloo under
+``horovodrun --gloo``, and gloo through rank 0's own horovod rendezvous server under ``torchrun``,
+``srun`` and plain ``python`` (see :mod:`paraflow.horovod_rendezvous`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import math
+import os
+from typing import Any, ContextManager, Iterator, Optional
+
+import torch
+from torch import nn
+
+from ..environment import ProcessEnvironment
+from ..errors import (BackendUnavailableError, CollectiveError, ConfigurationError, LauncherError,
+                      ParaflowError)
+from ..horovod_import import horovod_missing_reason, import_horovod
+from ..scoped_env import ScopedEnv
+from .base import Backend
+
+__all__ = ["HorovodBackend", "HOROVOD_OPTIONS", "COMPRESSIONS", "REDUCE_OPS", "CONTROLLERS"]
+
+#: Options this backend takes besides the common ones.
+HOROVOD_OPTIONS = frozenset({"compression", "accumulation_steps", "reduce_op",
+                             "gradient_predivide_factor", "fusion_threshold_mb", "cycle_time_ms",
+                             "controller"})
+COMPRESSIONS = ("none", "fp16")
+REDUCE_OPS = ("average", "sum", "adasum")
+CONTROLLERS = ("auto", "mpi", "gloo")
+
+_COLLECTIVE_OPS = {"sum": "Sum", "mean": "Average", "min": "Min", "max": "Max"}
+_GRADIENT_OPS = {"average": "Average", "sum": "Sum", "adasum": "Adasum"}
+_MPI_LAUNCHERS = ("openmpi", "mpich", "mvapich2")
+# Added to every gradient's pass counter inside no_sync, so horovod's hooks never reach zero there.
+_NO_SYNC_PASSES = 1 << 30
+
+_mpi_finalized_by_horovod = False  # MPI cannot start twice in one process
+# Tuning knobs fixed by earlier horovod sessions in this process (None: horovod never started here).
+_TUNED_KNOBS = {"HOROVOD_FUSION_THRESHOLD": "fusion_threshold_mb", "HOROVOD_CYCLE_TIME": "cycle_time_ms"}
+_knobs_fixed_before: Optional[frozenset] = None
+
+
+def _commands(world_size: int) -> str:
+    n = max(world_size, 2)
+    return (f"`mpirun -np {n} python train.py --backend horovod` (MPI controller) or "
+            f"`horovodrun -np {n} -H localhost:{n} --gloo python train.py --backend horovod` "
+            "(gloo controller)")
+
+
+class HorovodBackend(Backend):
+    """Horovod's DistributedOptimizer and collectives, under any launcher.
+
+    Options:
+        compression: gradient compression on the wire, "none" or "fp16".
+        accumulation_steps: backward passes per optimizer step; gradients are averaged over
+            ranks once, after the last one (horovod's ``backward_passes_per_step``).
+        reduce_op: how gradients are combined, "average" (default), "sum" or "adasum".
+        gradient_predivide_factor: with "average", divide gradients by this before the sum and
+            by ``world_size / factor`` after it.
+        fusion_threshold_mb: tensor fusion buffer in MiB (HOROVOD_FUSION_THRESHOLD; 0 disables).
+        cycle_time_ms: how often horovod's background thread batches tensors (HOROVOD_CYCLE_TIME).
+        controller: "auto" (by launcher), "mpi" or "gloo".
+
+    After ``init()``: ``controller`` is the controller in use ("mpi" or "gloo") and ``transport``
+    the library moving this process's tensors ("mpi", "gloo", "nccl", ...).
+    """
+
+    OPTIONS = HOROVOD_OPTIONS
+    COMPRESSIONS = frozenset(COMPRESSIONS)
+    COMPRESSION_LIMIT = "horovod's allreduce refuses bfloat16"
+
+    def __init__(self, name: str, *, compression: str = "none", accumulation_steps: int = 1,
+                 reduce_op: str = "average", gradient_predivide_factor: float = 1.0,
+                 fusion_threshold_mb: Optional[float] = None, cycle_time_ms: Optional[float] = None,
+                 controller: str = "auto", **options: Any) -> None:
+        self._timeout_given = options.get("timeout") is not None or "PARAFLOW_TIMEOUT" in os.environ
+        super().__init__(name, **options)
+        self.compression = _choice("compression", compression, COMPRESSIONS)
+        self.reduce_op = _choice("reduce_op", reduce_op, REDUCE_OPS)
+        self.requested_controller = _choice("controller", controller, CONTROLLERS)
+        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
+                or accumulation_steps < 1:
+            raise ConfigurationError(
+                f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}.")
+        self.accumulation_steps = accumulation_steps
+        self.gradient_predivide_factor = _positive("gradient_predivide_factor",
+                                                   gradient_predivide_factor)
+        if self.gradient_predivide_factor != 1.0 and self.reduce_op != "average":
+            raise ConfigurationError(
+                f"gradient_predivide_factor={gradient_predivide_factor} applies to "
+                f"reduce_op='average' only, not {self.reduce_op!r}.")
+        self.fusion_threshold_mb = (None if fusion_threshold_mb is None else
+                                    _positive("fusion_threshold_mb", fusion_threshold_mb, zero=True))
+        self.cycle_time_ms = None if cycle_time_ms is None else _positive("cycle_time_ms", cycle_time_ms)
+        self.controller: Optional[str] = None
+        self._hvd = None
+        self._owns_horovod = False
+        self._uses_mpi4py = False
+        self._rendezvous = None
+        self._env_vars = ScopedEnv()
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._leaving_on_error = False
+
+    # ---------------------------------------------------------------- availability
+    @classmethod
+    def unavailable_reason(cls, **_: Any) -> Optional[str]:
+        """Why horovod cannot run here (not installed, no controller built), or None."""
+        reason = horovod_missing_reason()
+        if reason:
+            return reason
+        hvd = import_horovod()
+        if not (hvd.mpi_built() or hvd.gloo_built()):
+            return ("horovod was built with neither MPI nor gloo; rebuild it with "
+                    "`paraflow build-horovod --force`")
+        return None
+
+    @property
+    def transport(self) -> Optional[str]:
+        """What moves this process's tensors: "nccl" on a GPU with NCCL, else the CPU operations."""
+        if self.controller is None:
+            return None
+        if self.device.type == "cuda" and self._hvd is not None and self._hvd.nccl_built():
+            return "nccl"
+        return os.environ.get("HOROVOD_CPU_OPERATIONS", self.controller).lower()
+
+    # ---------------------------------------------------------------- lifecycle
+    def init(self, environment: Optional[ProcessEnvironment] = None) -> "HorovodBackend":
+        """Start horovod (see :meth:`Backend.init`).
+
+        Raises:
+            MissingDependencyError: horovod is not installed or not built for this torch; an
+                ImportError whose message gives the install command.
+        """
+        if not self._initialized:
+            import_horovod()
+        return super().init(environment)
+
+    def _init(self) -> None:
+        hvd = self._hvd = import_horovod()
+        if hvd.is_initialized():  # the user started horovod already: join it, leave it running
+            self._check_horovod_world(hvd)
+            self.controller = "mpi" if hvd.mpi_enabled() else "gloo"
+            self._check_reduce_op()
+            return
+        try:
+            controller = self._choose_controller(hvd)
+            self._set_knobs()
+            if controller == "mpi":
+                self._start_mpi(hvd)
+            else:
+                self._start_gloo(hvd)
+            self._owns_horovod = True
+            self._check_horovod_world(hvd)
+            self.controller = "mpi" if hvd.mpi_enabled() else "gloo"
+            self._check_reduce_op()
+        except BaseException:
+            self._leaving_on_error = True
+            self._shutdown()
+            raise
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        # Leaving on an error: other ranks may sit in another collective, so skip the final barrier.
+        self._leaving_on_error = exc_type is not None
+        super().__exit__(exc_type, *rest)
+
+    def _shutdown(self) -> None:
+        global _mpi_finalized_by_horovod
+        hvd = self._hvd
+        if hvd is not None and self._owns_horovod and hvd.is_initialized():
+            mpi = hvd.mpi_enabled()
+            try:
+                if not self._leaving_on_error:
+                    hvd.barrier()  # nobody leaves while a rank still needs the job
+            except Exception:  # noqa: BLE001 - a broken job still has to shut down
+                pass
+            hvd.shutdown()
+            if mpi and not self._uses_mpi4py:
+                _mpi_finalized_by_horovod = True
+        self._owns_horovod = False
+        if self._rendezvous is not None:
+            self._rendezvous.close()
+            self._rendezvous = None
+        self._env_vars.restore()
+        self._optimizers.clear()
+        self._leaving_on_error = False
+        self.controller = None
+
+    def _choose_controller(self, hvd) -> str:
+        env, want = self.env, self.requested_controller
+        if env.launcher == "horovodrun":
+            if want == "mpi":
+                raise LauncherError(
+                    "controller='mpi' was asked for, but horovodrun --gloo started this process; "
+                    f"for the MPI controller launch with `mpirun -np {env.world_size} python "
+                    "train.py --backend horovod`.")
+            return "gloo"
+        if env.launcher in _MPI_LAUNCHERS or (env.launcher == "slurm" and want == "mpi"):
+            if want == "auto":
+                want = "mpi" if hvd.mpi_built() else "gloo"
+        elif want == "mpi":
+            raise LauncherError(
+                f"horovod's MPI controller needs an MPI launcher, but {env.launcher} started this "
+                f"process. Launch with {_commands(env.world_size)}, or use controller='gloo'.")
+        elif want == "auto":
+            want = "gloo" if hvd.gloo_built() or not hvd.mpi_built() else "mpi"
+        built = hvd.mpi_built() if want == "mpi" else hvd.gloo_built()
+        if not built:
+            raise BackendUnavailableError(
+                f"horovod was built without {want.upper() if want == 'mpi' else want}, which "
+                f"{env.launcher} needs here. Launch with {_commands(env.world_size)} as this build "
+                "allows, or rebuild horovod with `paraflow build-horovod --force`.")
+        return want
+
+    def _set_knobs(self) -> None:
+        """HOROVOD_* variables from the options; read by ``hvd.init()``, restored at shutdown."""
+        knobs: dict[str, str] = {}
+        if self.fusion_threshold_mb is not None:
+            knobs["HOROVOD_FUSION_THRESHOLD"] = str(int(self.fusion_threshold_mb * 1024 * 1024))
+        if self.cycle_time_ms is not None:
+            knobs["HOROVOD_CYCLE_TIME"] = repr(float(self.cycle_time_ms))
+        seconds = max(1, math.ceil(self.timeout))
+        timeouts = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(seconds),
+                    "HOROVOD_STALL_CHECK_TIME_SECONDS": str(min(60, seconds)),
+                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(seconds)}
+        for key, value in timeouts.items():  # an explicit timeout wins over the shell's HOROVOD_*
+            if self._timeout_given or key not in os.environ:
+                knobs[key] = value
+        self._env_vars.set(knobs)
+        self._check_restart_knobs()
+
+    def _check_restart_knobs(self) -> None:
+        """Refuse a restart that horovod 0.28.1's tuner would crash on or silently get wrong.
+
+        Its parameter manager outlives ``hvd.shutdown()``: a fusion threshold or cycle time fixed in
+        one session stays fixed in the next, and once both have been fixed ``hvd.init()`` segfaults.
+        """
+        global _knobs_fixed_before
+        now = frozenset(k for k in _TUNED_KNOBS if k in os.environ)
+        before, _knobs_fixed_before = _knobs_fixed_before, (_knobs_fixed_before or frozenset()) | now
+        if not before or (before == now and len(now) == 1):
+            return
+        _knobs_fixed_before = before
+        names = " and ".join(sorted(_TUNED_KNOBS[k] for k in before | now))
+        raise ConfigurationError(
+            f"horovod cannot restart in this process with these tuning options: it keeps {names} "
+            "(HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME) from one session to the next and "
+            "crashes once both have been set. Start each horovod session with these options in a "
+            "new process, or keep the same single option in every session.")
+
+    def _start_mpi(self, hvd) -> None:
+        if _mpi_finalized_by_horovod:
+            raise ConfigurationError(
+                "horovod already shut MPI down in this process, and MPI cannot start twice. "
+                "Install mpi4py (`pip install mpi4py`) so MPI stays up between horovod sessions, "
+                "or start horovod once per process.")
+        try:  # mpi4py owns MPI_Init/Finalize when present, so horovod can start again later
+            from mpi4py import MPI
+            if not MPI.Is_initialized():
+                MPI.Init_thread(MPI.THREAD_MULTIPLE)
+                atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
+            self._uses_mpi4py = True
+        except ImportError:
+            self._uses_mpi4py = False
+        self._env_vars.set({"HOROVOD_CONTROLLER": "mpi"})
+        hvd.init()
+
+    def _start_gloo(self, hvd) -> None:
+        env = self.env
+        if env.launcher != "horovodrun":
+            from ..horovod_rendezvous import GlooRendezvous
+            if env.launcher == "torchrun":
+                if not (env.master_addr and env.master_port):
+                    raise LauncherError("torchrun set no MASTER_ADDR/MASTER_PORT; relaunch with torchrun.")
+                addr, port, serve = env.master_addr, env.master_port, False
+            else:
+                from ..rendezvous import resolve_master
+                (addr, port), serve = resolve_master(env), True
+            self._rendezvous = GlooRendezvous(env, addr, port, serve_store=serve, timeout=self.timeout)
+            self._rendezvous.start()
+        elif not os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+            raise LauncherError(
+                "HOROVOD_RANK is set but HOROVOD_GLOO_RENDEZVOUS_ADDR is not: start the job with "
+                f"`horovodrun -np {env.world_size} -H localhost:{env.world_size} --gloo python "
+                "train.py --backend horovod`.")
+        hvd.init()
+
+    def _check_horovod_world(self, hvd) -> None:
+        env = self.env
+        if (hvd.size(), hvd.rank()) != (env.world_size, env.rank):
+            raise LauncherError(
+                f"{env.launcher} says this is rank {env.rank} of {env.world_size}, but horovod "
+                f"started as rank {hvd.rank()} of {hvd.size()}: its MPI library does not belong to "
+                f"this launcher (horovod here was built against another MPI). Launch with "
+                f"{_commands(env.world_size)}.")
+
+    def _check_reduce_op(self) -> None:
+        if self.reduce_op == "adasum" and self.controller != "mpi" and self.device.type != "cuda":
+            raise ConfigurationError(
+                "reduce_op='adasum' on the CPU needs horovod's MPI controller; launch with "
+                f"`mpirun -np {self.world_size} python train.py --backend horovod`.")
+
+    # ---------------------------------------------------------------- training
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Move `model` to this rank's device and give every rank rank 0's parameters and buffers.
+
+        Horovod puts no wrapper around the model; gradients are averaged by the optimizer that
+        :meth:`wrap_optimizer` returns.
+        """
+        hvd = self._horovod()
+        model = model.to(self.device)
+        with self._collective("broadcast of the model's parameters and buffers"):
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return model
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The model itself: horovod does not wrap it."""
+        return model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer,
+                       model: Optional[nn.Module] = None) -> torch.optim.Optimizer:
+        """Horovod's DistributedOptimizer over `model`'s named parameters, with rank 0's state.
+
+        Args:
+            optimizer: the optimizer built over ``model.parameters()``.
+            model: the model from :meth:`wrap_model`; horovod names each gradient after it.
+
+        Raises:
+            ConfigurationError: `model` is missing or does not own the optimizer's parameters.
+        """
+        hvd = self._horovod()
+        if model is None:
+            raise ConfigurationError(
+                "horovod names each gradient after the model's parameters: pass the model, "
+                "`backend.wrap_optimizer(optimizer, model)`.")
+        state = optimizer.state_dict()
+        try:
+            wrapped = hvd.DistributedOptimizer(
+                optimizer, named_parameters=model.named_parameters(),
+                compression=getattr(hvd.Compression, self.compression),
+                backward_passes_per_step=self.accumulation_steps,
+                op=getattr(hvd, _GRADIENT_OPS[self.reduce_op]),
+                gradient_predivide_factor=self.gradient_predivide_factor)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"horovod cannot wrap this optimizer: {exc}. Build the optimizer over "
+                "model.parameters() of the model you pass.") from None
+        wrapped.defaults = optimizer.defaults
+        _accept_set_to_none(type(wrapped))
+        if state["state"]:
+            wrapped.load_state_dict(state)  # keep state loaded into the optimizer before wrapping
+        self._broadcast_optimizer_state(hvd, wrapped, model)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def _broadcast_optimizer_state(self, hvd, optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+        """Give every rank rank 0's optimizer state and hyperparameters.
+
+        A fresh optimizer has no state; horovod's ``broadcast_optimizer_state`` would create one
+        with a zero-gradient step (which counts as a step for Adam and moves parameters under
+        weight decay), so then only the hyperparameters are broadcast.
+        """
+        with self._collective("broadcast of the optimizer state"):
+            if hvd.broadcast_object(bool(optimizer.state_dict()["state"]), root_rank=0,
+                                    name="paraflow.optimizer.has_state"):
+                hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+                # Ranks with no state of their own took that zero-gradient step: undo it.
+                hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            else:
+                groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+                groups = hvd.broadcast_object(groups, root_rank=0, name="paraflow.optimizer.groups")
+                for group, options in zip(optimizer.param_groups, groups):
+                    group.update(options)
+
+    def no_sync(self, model: nn.Module) -> ContextManager:
+        """Backward passes inside accumulate gradients locally; the next one outside averages them.
+
+        Same result as DDP's ``no_sync``: horovod's gradient hooks count backward passes per
+        parameter and communicate when the count reaches zero; inside this context the counts are
+        lifted out of reach, and restored on leaving, so those passes neither communicate nor count.
+        """
+        self._horovod()
+        params = {id(p) for p in model.parameters()}
+        optimizers = [o for o in self._optimizers if any(id(p) in params for p in o._allreduce_delay)]
+        return _skip_gradient_allreduce(optimizers)
+
+    def _skip_gradient_sync(self, model: nn.Module) -> ContextManager:
+        """Nothing to skip: ``accumulation_steps`` is horovod's ``backward_passes_per_step``."""
+        return contextlib.nullcontext()
+
+    # ---------------------------------------------------------------- collectives
+    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        hvd = self._horovod()
+        with self._collective(f"allreduce ({op}) of a {_describe(tensor)}"):
+            return hvd.allreduce_(tensor.contiguous(), name=f"paraflow.allreduce.{op}",
+                                  op=getattr(hvd, _COLLECTIVE_OPS[op]))
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        hvd = self._horovod()
+        with self._collective(f"broadcast from rank {src} of a {_describe(tensor)}"):
+            return hvd.broadcast_(tensor.contiguous(), root_rank=src, name=f"paraflow.broadcast.{src}")
+
+    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        hvd = self._horovod()
+        # One leading row per rank: horovod then requires every other dimension to agree.
+        with self._collective(f"allgather of a {_describe(tensor)}"):
+            gathered = hvd.allgather(tensor.reshape(1, *tensor.shape), name="paraflow.allgather")
+        return list(gathered.unbind(0))
+
+    def barrier(self) -> None:
+        """Wait for every rank (horovod's barrier)."""
+        hvd = self._horovod()
+        with self._collective("barrier"):
+            hvd.barrier()
+
+    # ---------------------------------------------------------------- helpers
+    def _horovod(self):
+        if self._hvd is None or self.controller is None:
+            raise ParaflowError(f"backend {self.name!r} is not initialised; call init() first.")
+        return self._hvd
+
+    @contextlib.contextmanager
+    def _collective(self, what: str) -> Iterator[None]:
+        """Turn horovod's errors into paraflow's, naming the collective and this rank."""
+        try:
+            yield
+        except ValueError as exc:  # horovod refuses the tensor itself (dtype, layout)
+            raise ConfigurationError(f"horovod cannot run the {what}: {exc}") from exc
+        except RuntimeError as exc:  # HorovodInternalError: ranks disagree, or the job broke
+            raise CollectiveError(
+                f"horovod {what} failed on rank {self.rank}: {str(exc).rstrip('.')}. Every rank must call the same "
+                "collectives in the same order with tensors of the same shape and dtype.") from exc
+
+
+@contextlib.contextmanager
+def _skip_gradient_allreduce(optimizers: list) -> Iterator[None]:
+    saved = [(o, dict(o._allreduce_delay), set(o._handles)) for o in optimizers]
+    for optimizer, delays, _ in saved:
+        for p in delays:
+            optimizer._allreduce_delay[p] += _NO_SYNC_PASSES
+    try:
+        yield
+    finally:
+        for optimizer, delays, handles in saved:
+            optimizer._allreduce_delay.update(delays)
+            # Passes inside left (None, None) placeholders; drop them so zero_grad stays legal.
+            for p in [p for p, h in optimizer._handles.items() if p not in handles and h[0] is None]:
+                del optimizer._handles[p]
+
+
+def _accept_set_to_none(cls: type) -> None:
+    """Let horovod's optimizer class take torch's ``zero_grad(set_to_none=...)``, keeping its check."""
+    horovod_zero_grad = cls.zero_grad
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._handles:
+            horovod_zero_grad(self)  # raises: zero_grad between backward and step
+        super(cls, self).zero_grad(set_to_none=set_to_none)
+
+    cls.zero_grad = zero_grad
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"{tensor.dtype} tensor of shape {list(tensor.shape)}"
+
+
+def _choice(option: str, value: Any, accepted: tuple) -> str:
+    if value not in accepted:
+        raise ConfigurationError(f"{option}={value!r} is not one of {', '.join(map(repr, accepted))}.")
+    return value
+
+
+def _positive(option: str, value: Any, zero: bool = False) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not (number > 0 or (zero and number == 0)):
+        raise ConfigurationError(
+            f"{option} must be a {'non-negative' if zero else 'positive'} number, got {value!r}.")
+    return number
