@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 from .environment import free_port
 from .errors import ConfigurationError, MissingDependencyError
 
-__all__ = ["LAUNCHER_NAMES", "launch_command", "run_launch", "LaunchResult", "default_launcher"]
+__all__ = ["LAUNCHER_NAMES", "launch_command", "run_launch", "LaunchResult", "default_launcher", "kill_tree"]
 
 LAUNCHER_NAMES = ("python", "torchrun", "mpirun", "horovodrun")
 
@@ -98,8 +98,11 @@ class LaunchResult:
 
 def run_launch(command: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None,
                cwd: Optional[str] = None) -> LaunchResult:
-    """Run `command` in its own process group; on timeout kill the whole group."""
-    full_env = {**os.environ, **(env or {})}
+    """Run `command` in its own process group; on timeout kill it and every process it started.
+
+    `env` is added to this process's environment; a key whose value is None is removed.
+    """
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     start = time.monotonic()
     proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full_env, cwd=cwd, start_new_session=True)
@@ -108,11 +111,52 @@ def run_launch(command: Sequence[str], timeout: float, env: Optional[Mapping[str
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-        kill_group(proc.pid)
-        out, err = proc.communicate()
+        kill_tree(proc.pid)  # torchrun starts each worker in a session of its own
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # something outside the tree still holds the pipes
+            proc.kill()
+            out, err = "", "(output lost: a process outside the launch kept its pipes open)"
     finally:
         kill_group(proc.pid)  # ranks a launcher left behind
     return LaunchResult(list(command), proc.returncode, out, err, time.monotonic() - start, timed_out)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, whatever its session (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid`'s process group and every descendant, with the groups they lead."""
+    victims = _descendants(pid)  # before any kill: orphans are re-parented and lost from view
+    kill_group(pid)
+    own_group = os.getpgrp()
+    for victim in victims:
+        try:
+            group = os.getpgid(victim)
+            if group != own_group:
+                os.killpg(group, signal.SIGKILL)
+            os.kill(victim, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def kill_group(pgid: int) -> None:
