@@ -1,4 +1,4 @@
-"""The `paraflow` command: list backends, compare them."""
+"""The `paraflow` command: list backends, benchmark them."""
 
 from __future__ import annotations
 
@@ -14,14 +14,8 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .compare import compare
-    rows = compare(nproc=args.nproc, epochs=args.epochs)
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
-    print("  ".join(c.ljust(widths[c]) for c in columns))
-    for row in rows:
-        print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    from .bench.cli import run_from_args
+    return run_from_args(args)
 
 
 def main(argv=None) -> int:
@@ -29,10 +23,9 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("backends", help="list registered backends and whether each can run here").set_defaults(
         func=_backends)
-    bench = sub.add_parser("bench", help="train under every available backend and compare")
-    bench.add_argument("--nproc", type=int, default=2, help="processes for multi-process backends")
-    bench.add_argument("--epochs", type=int, default=3)
-    bench.set_defaults(func=_bench)
+    from .bench.cli import add_arguments as add_bench_arguments
+    bench = sub.add_parser("bench", help="benchmark every backend available here: tables, CSV, JSON, plots")
+    add_bench_arguments(bench).set_defaults(func=_bench)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,18 @@
+"""Benchmarks: the same training loop under every backend and launcher, compared honestly.
+
+    from paraflow.bench import BenchConfig, run_bench
+    results = run_bench(BenchConfig(nprocs=[1, 2], models=["mlp", "cnn"]))
+
+or from a shell: ``paraflow bench`` (``make bench``). Optional dependencies (tabulate,
+matplotlib) are imported only when a run starts.
+"""
+
+from __future__ import annotations
+
+from .config import BenchConfig, ModelSpec, message_sizes, parse_size
+from .matrix import Cell, build_matrix
+from .run import run_bench
+from .tables import build_tables
+
+__all__ = ["BenchConfig", "ModelSpec", "Cell", "build_matrix", "run_bench", "build_tables",
+           "message_sizes", "parse_size"]

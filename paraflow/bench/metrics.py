@@ -1,0 +1,94 @@
+"""Benchmark formulas, kept apart so each can be checked against hand-computed numbers.
+
+Units: seconds in, seconds out; bandwidths in bytes per second (divide by 1e9 for GB/s:
+GB = 1e9 bytes throughout).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Optional, Sequence
+
+__all__ = [
+    "percentile", "step_summary", "slowest_rank_per_step", "throughput", "weak_scaling_efficiency",
+    "strong_scaling", "communication_overhead", "abstraction_overhead", "algbw", "busbw",
+    "bus_factor", "mean",
+]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q={q} is outside 0..100")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def step_summary(step_times: Sequence[float]) -> dict:
+    """Median, p10 and p90 of step times (seconds)."""
+    return {"median": statistics.median(step_times), "p10": percentile(step_times, 10),
+            "p90": percentile(step_times, 90)}
+
+
+def slowest_rank_per_step(per_rank: Sequence[Sequence[float]]) -> list[float]:
+    """A step takes as long as its slowest rank: element-wise max over ranks' step times."""
+    if not per_rank:
+        return []
+    lengths = {len(times) for times in per_rank}
+    if len(lengths) != 1:
+        raise ValueError(f"ranks timed different numbers of steps: {sorted(lengths)}")
+    return [max(column) for column in zip(*per_rank)]
+
+
+def throughput(samples: int, window_s: float) -> float:
+    """Samples per second: global samples processed in the window / the window's wall time."""
+    if window_s <= 0:
+        raise ValueError(f"window of {window_s} s")
+    return samples / window_s
+
+
+def weak_scaling_efficiency(x_n: float, n: int, x_1: float) -> float:
+    """Fixed per-rank batch: E = X_n / (n * X_1), X_1 being the one-process no-wrapper baseline."""
+    return x_n / (n * x_1)
+
+
+def strong_scaling(t_1: float, t_n: float, n: int) -> tuple[float, float]:
+    """Fixed global batch: (speedup t_1 / t_n, efficiency speedup / n)."""
+    speedup = t_1 / t_n
+    return speedup, speedup / n
+
+
+def communication_overhead(t_no_sync: float, t_sync: float) -> float:
+    """1 - t_step(no gradient sync) / t_step(with it): the share of a step spent on gradient sync."""
+    return 1.0 - t_no_sync / t_sync
+
+
+def abstraction_overhead(t_paraflow: float, t_raw: float) -> float:
+    """t_step(through paraflow) / t_step(same loop by hand on the raw library) - 1."""
+    return t_paraflow / t_raw - 1.0
+
+
+def algbw(size_bytes: int, time_s: float) -> float:
+    """Algorithm bandwidth in bytes/s: S / t."""
+    return size_bytes / time_s
+
+
+def bus_factor(n: int) -> float:
+    """nccl-tests' allreduce bus factor 2(n-1)/n: each byte crosses the slowest link this often."""
+    return 2.0 * (n - 1) / n
+
+
+def busbw(size_bytes: int, time_s: float, n: int) -> float:
+    """Bus bandwidth in bytes/s: algbw * 2(n-1)/n, comparable across process counts."""
+    return algbw(size_bytes, time_s) * bus_factor(n)
+
+
+def mean(values: Sequence[float]) -> Optional[float]:
+    """Arithmetic mean, or None for no values."""
+    return sum(values) / len(values) if values else None
