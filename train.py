@@ -9,12 +9,20 @@ Launch commands (N processes):
     horovodrun -np N -H localhost:N --gloo python train.py --backend horovod
     srun -n N python train.py --backend ddp                 # SLURM
 As root, mpirun needs --allow-run-as-root; more ranks than cores needs --oversubscribe.
+
+Training features, the same on every backend:
+    --accumulation-steps 4          # step the optimizer every 4 batches (gradients sync once)
+    --precision bf16                # autocast (fp16 adds loss scaling; bf16 is the CPU choice)
+    --compression fp16              # 16-bit gradients on the wire (DDP hooks, horovod compression)
+    --drop-last / --join on         # equal shards, or ranks with fewer batches join early
+    --checkpoint ckpt.pt --save-every 100 --resume ckpt.pt
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 import torch
@@ -23,7 +31,9 @@ from torch.utils.data import DataLoader, Subset
 
 import paraflow
 from paraflow.data import DATASETS, load_dataset
+from paraflow.compression import COMPRESSIONS
 from paraflow.models import MODELS, build_model, count_parameters
+from paraflow.precision import PRECISIONS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -38,6 +48,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None, help="rank 0 writes a result summary here")
+    p.add_argument("--accumulation-steps", type=int, default=1,
+                   help="batches per optimizer step; gradients cross ranks once per step")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="autocast dtype (fp16: with loss scaling)")
+    p.add_argument("--compression", choices=COMPRESSIONS, default="none", help="gradient dtype on the wire")
+    p.add_argument("--drop-last", action="store_true",
+                   help="leave out the len(data) %% ranks remainder each epoch so every rank gets equal shards")
+    p.add_argument("--join", choices=("auto", "on", "off"), default="auto",
+                   help="let ranks with fewer batches finish early (auto: when shards give unequal batch counts)")
+    p.add_argument("--checkpoint", default=None, help="save here (atomically) at the end and every --save-every steps")
+    p.add_argument("--save-every", type=int, default=0, help="optimizer steps between checkpoints (0: end only)")
+    p.add_argument("--resume", default=None, help="continue from this checkpoint (written under any backend)")
     return p.parse_args(argv)
 
 
@@ -48,7 +69,8 @@ def evaluate(backend: paraflow.Backend, model: torch.nn.Module, dataset) -> floa
     model.eval()
     with torch.no_grad():
         for x, y in DataLoader(shard, batch_size=256):
-            pred = model(x.to(backend.device)).argmax(dim=1).cpu()
+            with backend.autocast():
+                pred = model(x.to(backend.device)).argmax(dim=1).cpu()
             correct += int((pred == y).sum())
             total += len(y)
     model.train()
@@ -58,35 +80,70 @@ def evaluate(backend: paraflow.Backend, model: torch.nn.Module, dataset) -> floa
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    with paraflow.init(args.backend) as backend:
+    options = {"precision": args.precision, "compression": args.compression,
+               "accumulation_steps": args.accumulation_steps}
+    with paraflow.init(args.backend, **options) as backend:
         torch.manual_seed(args.seed)
         train_set, test_set = load_dataset(args.data, seed=args.seed)
-        sampler = backend.distributed_sampler(train_set, shuffle=True, seed=args.seed)
-        loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+        sampler = backend.distributed_sampler(train_set, shuffle=True, seed=args.seed, drop_last=args.drop_last)
+        # Its own generator, so iterating the loader leaves the global RNG (checkpointed) alone.
+        loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
+                            generator=torch.Generator().manual_seed(args.seed))
         model = backend.wrap_model(build_model(args.model))
         optimizer = backend.wrap_optimizer(
             torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), model)
+        scaler = backend.grad_scaler()
+        # Where the next batch starts; a checkpoint holds it with everything training changes.
+        progress = {"epoch": 0, "batch": 0, "step": 0}
+        state = {"model": model, "optimizer": optimizer, "scaler": scaler, "sampler": sampler,
+                 "progress": progress}
+        if args.resume:
+            backend.load(args.resume, state)
+            progress = state["progress"]
+        uneven = len({math.ceil(n / args.batch_size) for n in sampler.shard_sizes()}) > 1
+        join = args.join == "on" or (args.join == "auto" and uneven)
 
-        step, step_times, start = 0, [], time.perf_counter()
-        for epoch in range(args.epochs):
-            sampler.set_epoch(epoch)
+        step, step_times, start = progress["step"], [], time.perf_counter()
+        epoch, epoch_loss, accuracy, saved_at = progress["epoch"], float("nan"), float("nan"), None
+        for epoch in range(progress["epoch"], args.epochs):
+            if args.steps and step >= args.steps:
+                break
+            first = progress["batch"] if epoch == progress["epoch"] else 0
+            sampler.set_epoch(epoch, start=first * args.batch_size)
+            batches_in_epoch = first + len(loader)
             loss_sum = torch.zeros((), dtype=torch.float64)
-            batches = 0
-            for x, y in loader:
-                t0 = time.perf_counter()
-                x, y = x.to(backend.device), y.to(backend.device)
-                optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                optimizer.step()
-                if backend.device.type == "cuda":
-                    torch.cuda.synchronize()
-                step_times.append(time.perf_counter() - t0)
-                loss_sum += loss.detach().cpu().double()
-                batches += 1
-                step += 1
-                if args.steps and step >= args.steps:
-                    break
+            batches, save_due = 0, False
+            with backend.join(model, optimizer, scaler, enable=join):
+                for batch, (x, y) in enumerate(loader, start=first):
+                    t0 = time.perf_counter()
+                    x, y = x.to(backend.device), y.to(backend.device)
+                    with backend.accumulate(model) as sync:
+                        with backend.autocast():
+                            logits = model(x)
+                            loss = F.cross_entropy(logits, y)
+                        scaler.scale(loss / backend.accumulation_steps).backward()
+                    if sync:
+                        scaler.step(optimizer)
+                        scaler.update()
+                        optimizer.zero_grad(set_to_none=True)
+                        step += 1
+                        last = batch + 1 == batches_in_epoch
+                        progress.update(epoch=epoch + last, batch=0 if last else batch + 1, step=step)
+                        if args.checkpoint and args.save_every and step % args.save_every == 0:
+                            save_due = True
+                    if backend.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    step_times.append(time.perf_counter() - t0)
+                    loss_sum += loss.detach().cpu().double()
+                    batches += 1
+                    if save_due and not join:  # under join, ranks may have left: save after it
+                        backend.save(args.checkpoint, state)
+                        save_due, saved_at = False, step
+                    if args.steps and step >= args.steps:
+                        break
+            if save_due:
+                backend.save(args.checkpoint, state)
+                saved_at = step
             epoch_loss = backend.allreduce(loss_sum / max(batches, 1), op="mean").item()
             accuracy = evaluate(backend, model, test_set)
             if backend.is_main:
@@ -95,16 +152,22 @@ def main(argv=None) -> dict:
             if args.steps and step >= args.steps:
                 break
         elapsed = time.perf_counter() - start
+        if args.checkpoint and saved_at != step:
+            backend.save(args.checkpoint, state)
 
-        # A step takes as long as its slowest rank.
-        per_rank = backend.allgather(torch.tensor(step_times, dtype=torch.float64))
-        slowest = torch.stack(per_rank).max(dim=0).values.tolist() if step_times else []
+        # A step takes as long as its slowest rank (over the batches every rank ran).
+        common = int(backend.allreduce(torch.tensor([len(step_times)]), op="min").item())
+        per_rank = backend.allgather(torch.tensor(step_times[:common], dtype=torch.float64))
+        slowest = torch.stack(per_rank).max(dim=0).values.tolist() if common else []
         result = {
             "backend": backend.name, "launcher": backend.launcher, "world_size": backend.world_size,
             "device": str(backend.device), "model": args.model, "data": args.data,
             "parameters": count_parameters(backend.unwrap(model)),
             "batch_size": args.batch_size, "global_batch_size": args.batch_size * backend.world_size,
             "steps": step, "epochs_run": epoch + 1, "final_loss": epoch_loss, "accuracy": accuracy,
+            "accumulation_steps": backend.accumulation_steps, "precision": backend.precision,
+            "compression": backend.compression, "joined": join, "resumed_from": args.resume,
+            "compute_dtype": str(logits.dtype).replace("torch.", "") if step_times else None,
             "elapsed_s": elapsed, "step_times_s": slowest,
         }
         if backend.is_main and args.json_out:

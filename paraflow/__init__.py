@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from .backends.base import Backend
 from .environment import ProcessEnvironment, detect_environment
-from .errors import (BackendUnavailableError, CollectiveError, CollectiveTimeoutError,
+from .errors import (BackendUnavailableError, CheckpointError, CollectiveError, CollectiveTimeoutError,
                      ConfigurationError, LauncherError, MissingDependencyError, ParaflowError,
                      UnknownBackendError)
 from .registry import available_backends, registered_names
@@ -25,6 +25,7 @@ __all__ = [
     "Backend", "ProcessEnvironment", "detect_environment",
     "ParaflowError", "UnknownBackendError", "BackendUnavailableError", "MissingDependencyError",
     "LauncherError", "CollectiveError", "CollectiveTimeoutError", "ConfigurationError",
+    "CheckpointError",
 ]
 
 

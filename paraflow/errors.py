@@ -11,6 +11,7 @@ __all__ = [
     "CollectiveError",
     "CollectiveTimeoutError",
     "ConfigurationError",
+    "CheckpointError",
 ]
 
 
@@ -44,3 +45,7 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
 
 class ConfigurationError(ParaflowError, ValueError):
     """An option or argument with a value paraflow cannot use."""
+
+
+class CheckpointError(ParaflowError, OSError):
+    """A checkpoint could not be written or read; a previous file at the path is left intact."""

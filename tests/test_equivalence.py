@@ -58,3 +58,21 @@ def test_horovod_two_ranks_matches_ddp_gloo_and_single(tmp_path):
 def test_horovod_gradient_accumulation_matches_single(tmp_path, launcher, mode):
     reference = train(tmp_path, "single", "python", 1)
     assert_same_parameters(train(tmp_path, "horovod", launcher, 2, accumulation=2, mode=mode), reference)
+
+
+@pytest.fixture(scope="module")
+def whole_batch_reference(tmp_path_factory):
+    """One process taking each whole global batch in one step: what accumulation must reproduce."""
+    return train(tmp_path_factory.mktemp("reference"), "single", "python", 1)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend, launcher", [("ddp-gloo", "torchrun"),
+                                               pytest.param("horovod", "mpirun", marks=requires_horovod)])
+def test_accumulate_matches_one_step_on_the_whole_batch(tmp_path, whole_batch_reference, backend, launcher):
+    """4 micro-batches of b rows per rank under backend.accumulate equal one step on 4b rows per rank.
+
+    The worker also checks that only the 4th micro-batch's backward sends gradients.
+    """
+    trained = train(tmp_path, backend, launcher, 2, accumulation=4, mode="accumulate")
+    assert_same_parameters(trained, whole_batch_reference)

@@ -6,14 +6,17 @@ import abc
 import contextlib
 import datetime
 import os
-from typing import Any, ContextManager, Optional
+from typing import Any, ContextManager, Iterator, Mapping, MutableMapping, Optional
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
 from ..environment import ProcessEnvironment, detect_environment
+from ..compression import check_compression
 from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError
+from ..precision import GradScaler, autocast, check_precision, check_precision_on
+from ..sharding import ShardSampler
 
 __all__ = ["Backend", "LocalCollectives", "REDUCE_OPS", "DEFAULT_TIMEOUT_S"]
 
@@ -41,19 +44,30 @@ class Backend(abc.ABC):
         timeout: seconds a collective may wait before failing (default 1800).
         world_size: the number of processes you expect; a mismatch with the launcher fails.
         device: "cpu" or "cuda" (default: CUDA when the backend uses it and it is available).
+        precision: "fp32" (default), "bf16" or "fp16": the dtype :meth:`autocast` computes in;
+            "fp16" also turns on :meth:`grad_scaler`'s loss scaling.
+        compression: gradient compression on the wire, "none" (default), "fp16" or "bf16";
+            a backend that cannot do the one asked for raises ConfigurationError (COMPRESSIONS).
+        accumulation_steps: micro-batches per optimizer step under :meth:`accumulate` (default 1).
     """
 
     #: Backend-specific option names accepted besides the common ones.
     OPTIONS: frozenset = frozenset()
     #: Whether one process may be one of several started by a launcher.
     MULTI_PROCESS = True
+    #: Gradient compressions this backend can do; anything else fails at construction.
+    COMPRESSIONS: frozenset = frozenset({"none"})
+    #: Why the compressions missing from COMPRESSIONS are missing (for the error message).
+    COMPRESSION_LIMIT = "it communicates no gradients between processes"
 
     def __init__(self, name: str, *, num_threads: Optional[int] = None,
                  timeout: Optional[float] = None, world_size: Optional[int] = None,
-                 device: Optional[str] = None, **options: Any) -> None:
+                 device: Optional[str] = None, precision: str = "fp32", compression: str = "none",
+                 accumulation_steps: int = 1, **options: Any) -> None:
         unknown = set(options) - self.OPTIONS
         if unknown:
-            accepted = sorted(self.OPTIONS | {"num_threads", "timeout", "world_size", "device"})
+            accepted = sorted(self.OPTIONS | {"num_threads", "timeout", "world_size", "device", "precision",
+                                              "compression", "accumulation_steps"})
             raise ConfigurationError(
                 f"backend {name!r} does not take option(s) {', '.join(sorted(unknown))}; "
                 f"it accepts: {', '.join(accepted)}."
@@ -64,6 +78,12 @@ class Backend(abc.ABC):
         self.timeout = self._timeout_seconds(timeout)
         self.expected_world_size = world_size
         self.requested_device = device
+        self.precision = check_precision(precision)
+        self.compression = check_compression(name, compression, self.COMPRESSIONS, self.COMPRESSION_LIMIT)
+        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+            raise ConfigurationError(f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}.")
+        self.accumulation_steps = accumulation_steps
+        self._micro_batches = 0
         self.env: Optional[ProcessEnvironment] = None
         self.device = torch.device("cpu")
         self._initialized = False
@@ -84,6 +104,7 @@ class Backend(abc.ABC):
         self.env = environment or detect_environment()
         self._check_launcher(self.env)
         self.device = self._select_device()
+        check_precision_on(self.precision, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         else:
@@ -157,15 +178,77 @@ class Backend(abc.ABC):
         """Context in which backward passes accumulate gradients locally without communicating."""
         return contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def accumulate(self, model: nn.Module) -> Iterator[bool]:
+        """Context for one micro-batch's forward and backward under gradient accumulation.
+
+        Yields True on every ``accumulation_steps``-th micro-batch (counted across epochs): the
+        backward inside it reduces the summed gradients across ranks, and the optimizer should
+        step after it. On the others gradients only accumulate locally (DDP's ``no_sync``;
+        Horovod's ``backward_passes_per_step``). Scale each loss by ``1 / accumulation_steps``.
+        """
+        self._micro_batches += 1
+        sync = self._micro_batches % self.accumulation_steps == 0
+        with contextlib.nullcontext() if sync else self._skip_gradient_sync(model):
+            yield sync
+
+    def _skip_gradient_sync(self, model: nn.Module) -> ContextManager:
+        """What :meth:`accumulate` enters on micro-batches that must not communicate."""
+        return self.no_sync(model)
+
+    def autocast(self) -> ContextManager:
+        """torch.autocast to this backend's ``precision`` on its device; a no-op for fp32."""
+        return autocast(self.precision, self.device)
+
+    def grad_scaler(self, **kwargs: Any) -> GradScaler:
+        """A gradient scaler, enabled for ``precision="fp16"`` only (a pass-through otherwise).
+
+        Use it the torch way whatever the precision: ``scaler.scale(loss).backward()``,
+        ``scaler.step(optimizer)``, ``scaler.update()``; its ``state_dict`` goes in checkpoints.
+        `kwargs` go to ``torch.amp.GradScaler`` (init_scale, growth_interval, ...).
+        """
+        return GradScaler(self.device.type, enabled=self.precision == "fp16", **kwargs)
+
+    def join(self, model: nn.Module, *stateful: Any, enable: bool = True) -> ContextManager:
+        """Context around a training loop whose ranks may run different numbers of batches.
+
+        Ranks that finish early keep serving the others' gradient allreduces (a finished rank
+        counts as a zero gradient) instead of hanging; on leaving, the model and every object in
+        `stateful` (optimizer, grad scaler: anything with ``state_dict``) are copied from the last
+        rank to finish. Other collectives must not run inside. One-process backends: no-op.
+        """
+        return contextlib.nullcontext()
+
     def distributed_sampler(self, dataset: Dataset, shuffle: bool = True, seed: int = 0,
-                            drop_last: bool = False) -> DistributedSampler:
+                            drop_last: bool = False) -> ShardSampler:
         """A sampler giving this rank its shard of `dataset`; call ``set_epoch`` each epoch.
 
-        Shards have equal length: with ``drop_last=False`` the last few samples are repeated to
-        fill them, with ``drop_last=True`` the remainder is dropped (torch's DistributedSampler).
+        Every sample goes to exactly one rank per epoch, reshuffled each epoch from `seed`. With
+        ``drop_last=False`` shard lengths may differ by one (train under :meth:`join`); with
+        ``drop_last=True`` the ``len(dataset) % world_size`` remainder is left out of each epoch
+        so all shards are equal. See :class:`paraflow.sharding.ShardSampler`.
         """
-        return DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank,
-                                  shuffle=shuffle, seed=seed, drop_last=drop_last)
+        return ShardSampler(dataset, num_replicas=self.world_size, rank=self.rank,
+                            shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, path: str, state: Mapping[str, Any]) -> None:
+        """Write `state` to `path` atomically from rank 0; call on every rank.
+
+        Modules are saved unwrapped, objects with ``state_dict`` by their state dict, anything
+        else as it is; every rank's RNG states are added. See :mod:`paraflow.checkpoint`.
+        """
+        from ..checkpoint import save_checkpoint
+        save_checkpoint(self, path, state)
+
+    def load(self, path: str, state: Optional[MutableMapping[str, Any]] = None) -> dict:
+        """Restore `state` in place from `path` on every rank, after a barrier, on this device.
+
+        Returns the saved entries not restored into an object (epoch, step, ...); RNG states are
+        restored too. Works across backends. See :mod:`paraflow.checkpoint`.
+        """
+        from ..checkpoint import load_checkpoint
+        return load_checkpoint(self, path, state)
 
     # ---------------------------------------------------------------- collectives
     def allreduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:

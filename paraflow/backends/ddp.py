@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..compression import register_ddp_compression
 from ..errors import ConfigurationError
 from ..rendezvous import resolve_master
 from .base import Backend
@@ -30,9 +31,12 @@ class DDPBackend(Backend):
         process_group: "nccl", "gloo" or "auto" (NCCL when CUDA is available, else gloo).
         bucket_cap_mb, gradient_as_bucket_view, static_graph, find_unused_parameters,
         broadcast_buffers: passed to DistributedDataParallel unchanged.
+
+    ``compression`` "fp16" / "bf16" registers torch's fp16/bf16 compression communication hook.
     """
 
     OPTIONS = DDP_OPTIONS | {"process_group"}
+    COMPRESSIONS = frozenset({"none", "fp16", "bf16"})
 
     def __init__(self, name: str, *, process_group: str = "auto", **options: Any) -> None:
         super().__init__(name, **options)
@@ -40,6 +44,10 @@ class DDPBackend(Backend):
             raise ConfigurationError(f"process_group {process_group!r} is not 'auto', 'gloo' or 'nccl'.")
         self.process_group = process_group
         self.ddp_options = {k: v for k, v in self.options.items() if k in DDP_OPTIONS}
+        if self.compression == "bf16" and self.transport == "nccl" and not (
+                torch.cuda.is_bf16_supported() and torch.cuda.nccl.version() >= (2, 10)):
+            raise ConfigurationError("compression 'bf16' over NCCL needs a GPU with bfloat16 support and "
+                                     "NCCL >= 2.10; use compression='fp16'.")
         self._owns_group = False
 
     @classmethod
@@ -99,13 +107,22 @@ class DDPBackend(Backend):
         """Move `model` to this rank's device and wrap it in DistributedDataParallel."""
         model = model.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
+        register_ddp_compression(wrapped, self.compression, self.transport)
+        return wrapped
 
     def no_sync(self, model: nn.Module) -> ContextManager:
         """DDP's own no_sync: gradients accumulate locally until a backward outside it."""
         if not isinstance(model, DistributedDataParallel):
             raise ConfigurationError("no_sync needs the model returned by wrap_model (a DDP module).")
         return model.no_sync()
+
+    def join(self, model: nn.Module, *stateful: Any, enable: bool = True) -> ContextManager:
+        """torch's ``Join`` over the DDP model; then `stateful` is copied from the last rank to finish."""
+        if not isinstance(model, DistributedDataParallel):
+            raise ConfigurationError("join needs the model returned by wrap_model (a DDP module).")
+        from ..join import ddp_join
+        return ddp_join(self, model, stateful, enable)
 
     def _on_comm_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """NCCL reduces CUDA tensors only: move a CPU tensor to this rank's GPU."""

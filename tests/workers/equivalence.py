@@ -1,10 +1,12 @@
 """Train a float64 model for a few steps on a fixed global batch split evenly over ranks.
 
-Usage: <launcher> python tests/workers/equivalence.py BACKEND OUT [ACCUMULATION [MODE]]
+Usage: <launcher> python tests/workers/equivalence.py BACKEND OUT [ACCUMULATION [MODE [OPTIONS]]]
 Rank r takes rows [r*B/n, (r+1)*B/n) of every global batch; with ACCUMULATION k > 1 each rank's
 share is further split into k micro-batches whose losses are scaled by 1/k. MODE "no_sync"
 (default) runs the first k-1 backward passes under backend.no_sync; "option" passes
-accumulation_steps=k to the backend instead. Rank 0 writes the final parameters to OUT.
+accumulation_steps=k to the backend instead; "accumulate" passes it and runs every micro-batch
+under backend.accumulate(model). OPTIONS, "key=value,...", go to paraflow.init
+(for example "compression=fp16"). Rank 0 writes the final parameters to OUT.
 """
 
 import sys
@@ -18,13 +20,15 @@ from paraflow.models import build_model
 STEPS, GLOBAL_BATCH, SEED = 5, 16, 1234
 
 
-def main(name: str, out: str, accumulation: int = 1, mode: str = "no_sync") -> None:
+def main(name: str, out: str, accumulation: int = 1, mode: str = "no_sync", extra: str = "") -> None:
     torch.set_default_dtype(torch.float64)
-    options = {"accumulation_steps": accumulation} if mode == "option" else {}
+    options = {"accumulation_steps": accumulation} if mode in ("option", "accumulate") else {}
+    options.update(item.split("=", 1) for item in extra.split(",") if item)
     with paraflow.init(name, **options) as backend:
         torch.manual_seed(SEED)
         model = backend.wrap_model(build_model("mlp", width=16))
         optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model)
+        messages = _count_gradient_messages(model, optimizer) if mode == "accumulate" else [0]
         g = torch.Generator().manual_seed(SEED)
         n, r = backend.world_size, backend.rank
         share = GLOBAL_BATCH // n
@@ -37,12 +41,40 @@ def main(name: str, out: str, accumulation: int = 1, mode: str = "no_sync") -> N
             for k in range(accumulation):
                 xs, ys = x[k * micro:(k + 1) * micro], y[k * micro:(k + 1) * micro]
                 last = k == accumulation - 1 or mode == "option"
+                if mode == "accumulate":
+                    sent_before = messages[0]
+                    with backend.accumulate(model) as sync:
+                        (F.cross_entropy(model(xs), ys) / accumulation).backward()
+                    assert sync == (k == accumulation - 1), f"accumulate() said sync={sync} at micro-batch {k}"
+                    sent = messages[0] - sent_before
+                    assert (sent > 0) == (sync and n > 1), f"micro-batch {k} (sync={sync}) sent {sent} gradient messages"
+                    continue
                 with (backend.no_sync(model) if not last else _nothing()):
                     loss = F.cross_entropy(model(xs), ys) / accumulation
                     loss.backward()
             optimizer.step()
         if backend.is_main:
             torch.save({k: v.cpu() for k, v in backend.unwrap(model).state_dict().items()}, out)
+
+
+def _count_gradient_messages(model, optimizer) -> list:
+    """A one-item counter of gradient allreduces started (DDP buckets, horovod tensors)."""
+    counter = [0]
+    if hasattr(optimizer, "_allreduce_grad_async"):  # horovod's DistributedOptimizer
+        start = optimizer._allreduce_grad_async
+
+        def counting(p):
+            counter[0] += 1
+            return start(p)
+        optimizer._allreduce_grad_async = counting
+    elif hasattr(model, "register_comm_hook"):  # DDP
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def hook(state, bucket):
+            counter[0] += 1
+            return allreduce_hook(state, bucket)
+        model.register_comm_hook(None, hook)
+    return counter
 
 
 class _nothing:
@@ -55,4 +87,4 @@ class _nothing:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1,
-         sys.argv[4] if len(sys.argv) > 4 else "no_sync")
+         sys.argv[4] if len(sys.argv) > 4 else "no_sync", sys.argv[5] if len(sys.argv) > 5 else "")
