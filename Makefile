@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.paraflow-installed
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh
+$(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh paraflow/horovod_build.py
 	bash scripts/install.sh $(VENV)
 	touch $(STAMP)
 

@@ -92,8 +92,8 @@ class GlooRendezvous:
         store = self._store = self._connect(_generation)
         hostname = socket.gethostname()
         store.set(f"host/{env.rank}", hostname)
+        hosts = self._gather_hosts(store)
         if env.rank == 0:
-            hosts = self._gather_hosts(store)
             plan = get_host_assignments(
                 [HostInfo(h, hosts.count(h)) for h in dict.fromkeys(hosts)], env.world_size)
             from horovod.runner.http.http_server import RendezvousServer
@@ -104,7 +104,6 @@ class GlooRendezvous:
             addr = "127.0.0.1" if self.single_host else socket.getfqdn()
             store.set("server", f"{addr}:{port}")
         else:
-            hosts = self._gather_hosts(store)
             store.wait(["server"])
         addr, _, port = store.get("server").decode().rpartition(":")
         slot = self._slot(hosts, hostname)

@@ -40,6 +40,7 @@ _MPI_LAUNCHERS = ("openmpi", "mpich", "mvapich2")
 _NO_SYNC_PASSES = 1 << 30
 
 _mpi_finalized_by_horovod = False  # MPI cannot start twice in one process
+_mpi_session_ran = False  # after one, horovod 0.28.1 builds gloo contexts from its dead MPI communicator
 # Tuning knobs fixed by earlier horovod sessions in this process (None: horovod never started here).
 _TUNED_KNOBS = {"HOROVOD_FUSION_THRESHOLD": "fusion_threshold_mb", "HOROVOD_CYCLE_TIME": "cycle_time_ms"}
 _knobs_fixed_before: Optional[frozenset] = None
@@ -79,9 +80,15 @@ class HorovodBackend(Backend):
                  fusion_threshold_mb: Optional[float] = None, cycle_time_ms: Optional[float] = None,
                  controller: str = "auto", **options: Any) -> None:
         self._timeout_given = options.get("timeout") is not None or "PARAFLOW_TIMEOUT" in os.environ
-        super().__init__(name, compression=compression, accumulation_steps=accumulation_steps, **options)
+        super().__init__(name, **options)
+        self.compression = _choice("compression", compression, COMPRESSIONS)
         self.reduce_op = _choice("reduce_op", reduce_op, REDUCE_OPS)
         self.requested_controller = _choice("controller", controller, CONTROLLERS)
+        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
+                or accumulation_steps < 1:
+            raise ConfigurationError(
+                f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}.")
+        self.accumulation_steps = accumulation_steps
         self.gradient_predivide_factor = _positive("gradient_predivide_factor",
                                                    gradient_predivide_factor)
         if self.gradient_predivide_factor != 1.0 and self.reduce_op != "average":
@@ -260,17 +267,26 @@ class HorovodBackend(Backend):
             self._uses_mpi4py = True
         except ImportError:
             self._uses_mpi4py = False
+        global _mpi_session_ran
         self._env_vars.set({"HOROVOD_CONTROLLER": "mpi"})
+        _mpi_session_ran = True
         hvd.init()
 
     def _start_gloo(self, hvd) -> None:
         env = self.env
+        if _mpi_session_ran:
+            raise ConfigurationError(
+                "horovod ran with its MPI controller earlier in this process and cannot switch to "
+                "gloo afterwards (it would build gloo from MPI's closed communicator and abort). "
+                "Use the MPI controller again (controller='mpi'), or a new process.")
         if env.launcher != "horovodrun":
             from ..horovod_rendezvous import GlooRendezvous
             if env.launcher == "torchrun":
                 if not (env.master_addr and env.master_port):
                     raise LauncherError("torchrun set no MASTER_ADDR/MASTER_PORT; relaunch with torchrun.")
-                addr, port, serve = env.master_addr, env.master_port, False
+                # torchrun's agent serves a store there; without it (rare) rank 0 serves one.
+                serve = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+                addr, port = env.master_addr, env.master_port
             else:
                 from ..rendezvous import resolve_master
                 (addr, port), serve = resolve_master(env), True
@@ -385,12 +401,6 @@ class HorovodBackend(Backend):
     def _skip_gradient_sync(self, model: nn.Module) -> ContextManager:
         """Nothing to skip: ``accumulation_steps`` is horovod's ``backward_passes_per_step``."""
         return contextlib.nullcontext()
-
-    def join(self, model: nn.Module, *stateful: Any, enable: bool = True) -> ContextManager:
-        """``hvd.join()`` on leaving; then the model and `stateful` come from the last rank to finish."""
-        self._horovod()
-        from ..join import horovod_join
-        return horovod_join(self, model, stateful, enable)
 
     # ---------------------------------------------------------------- collectives
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
