@@ -80,15 +80,9 @@ class HorovodBackend(Backend):
                  fusion_threshold_mb: Optional[float] = None, cycle_time_ms: Optional[float] = None,
                  controller: str = "auto", **options: Any) -> None:
         self._timeout_given = options.get("timeout") is not None or "PARAFLOW_TIMEOUT" in os.environ
-        super().__init__(name, **options)
-        self.compression = _choice("compression", compression, COMPRESSIONS)
+        super().__init__(name, compression=compression, accumulation_steps=accumulation_steps, **options)
         self.reduce_op = _choice("reduce_op", reduce_op, REDUCE_OPS)
         self.requested_controller = _choice("controller", controller, CONTROLLERS)
-        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
-                or accumulation_steps < 1:
-            raise ConfigurationError(
-                f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}.")
-        self.accumulation_steps = accumulation_steps
         self.gradient_predivide_factor = _positive("gradient_predivide_factor",
                                                    gradient_predivide_factor)
         if self.gradient_predivide_factor != 1.0 and self.reduce_op != "average":
@@ -401,6 +395,12 @@ class HorovodBackend(Backend):
     def _skip_gradient_sync(self, model: nn.Module) -> ContextManager:
         """Nothing to skip: ``accumulation_steps`` is horovod's ``backward_passes_per_step``."""
         return contextlib.nullcontext()
+
+    def join(self, model: nn.Module, *stateful: Any, enable: bool = True) -> ContextManager:
+        """``hvd.join()`` on leaving; then the model and `stateful` come from the last rank to finish."""
+        self._horovod()
+        from ..join import horovod_join
+        return horovod_join(self, model, stateful, enable)
 
     # ---------------------------------------------------------------- collectives
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
