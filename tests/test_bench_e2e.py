@@ -68,6 +68,10 @@ def test_every_cell_ran_and_every_column_is_filled(run):
         assert row["global_batch"] == row["batch_per_rank"] * row["processes"]
         assert row["samples_per_s_per_process"] == pytest.approx(row["samples_per_s"] / row["processes"], abs=0.1)
         assert row["step_ms_p10"] <= row["step_ms_median"] <= row["step_ms_p90"]
+    for label in LABELS:  # same seed, data and step: every backend trains the same way
+        for n in (1, 2):
+            losses = [r["final_loss"] for r in training if r["model"] == label and r["processes"] == n]
+            assert losses and max(losses) - min(losses) <= 1e-3 * max(1.0, abs(losses[0])), (label, n, losses)
     singles = [r for r in training if r["backend"] == "single"]
     assert len(singles) == len(MODELS) and all(r["weak_scaling_efficiency"] == 1.0 for r in singles)
     # 2 allreduce sizes for each 2-process cell, each checked, none wrong, each next to memcpy

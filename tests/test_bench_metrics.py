@@ -64,7 +64,7 @@ def test_allreduce_check_pattern_is_exact_and_counts_wrong_elements():
     bad[[0, 5]] += 1
     assert count_wrong(bad, expected_sum(n, count)) == 2
     assert count_wrong(bad[:10], expected_sum(n, count)) == count  # wrong shape: all wrong
-    assert iterations_for(64 * 1024 ** 2) == 4 and iterations_for(4096) == 50 and iterations_for(2 ** 40) == 3
+    assert iterations_for(64 * 1024 ** 2) == 4 and iterations_for(4096) == 20 and iterations_for(2 ** 40) == 3
 
 
 def test_sizes_parse_like_nccl_tests():

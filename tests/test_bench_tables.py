@@ -28,12 +28,12 @@ def rank(r, n, tasks, transport="gloo"):
 SINGLE = cell("train", "single", "python", 1, [
     rank(0, 1, {"train/mlp": train_task([0.010, 0.020, 0.030], 0.06, [3.0, 2.0, 1.0], 300e6)}, "none")])
 DDP = cell("train", "ddp-gloo", "torchrun", 2, [
-    rank(0, 2, {"train/mlp": train_task([0.02, 0.04, 0.03], 0.12, [9.0, 1.0], 300e6, n=2,
+    rank(0, 2, {"train/mlp": train_task([0.02, 0.04, 0.03], 0.12, [9.0, 1.0, 7.0], 300e6, n=2, loss_step=2,
                                         sync_pair_step_s=[0.04, 0.06], no_sync_step_s=[0.01, 0.02]),
                 "allreduce": {"world_size": 2, "device": "cpu", "sizes": [
                     {"bytes": 4096, "count": 1024, "dtype": "float32", "iters": 50, "time_s": 0.001, "wrong": 0},
                     {"bytes": 16384, "count": 4096, "dtype": "float32", "iters": 50, "time_s": 0.004, "wrong": 1}]}}),
-    rank(1, 2, {"train/mlp": train_task([0.03, 0.02, 0.05], 0.15, [9.0, 2.0], 310e6, n=2,
+    rank(1, 2, {"train/mlp": train_task([0.03, 0.02, 0.05], 0.15, [9.0, 2.0, 7.0], 310e6, n=2, loss_step=2,
                                         sync_pair_step_s=[0.05, 0.05], no_sync_step_s=[0.02, 0.01]),
                 "allreduce": {"world_size": 2, "device": "cpu", "sizes": [
                     {"bytes": 4096, "count": 1024, "dtype": "float32", "iters": 50, "time_s": 0.002, "wrong": 0},
@@ -62,7 +62,7 @@ def test_training_rows_match_hand_computation():
     assert ddp["global_batch"] == 64 and ddp["samples_per_s"] == 1280.0 and ddp["samples_per_s_per_process"] == 640.0
     assert ddp["weak_scaling_efficiency"] == 0.4                 # 1280 / (2 x 1600)
     assert ddp["comm_overhead"] == round(1 - 0.02 / 0.055, 4)    # medians of [0.05, 0.06] and [0.02, 0.02]
-    assert ddp["peak_mem_mb"] == 310.0 and ddp["final_loss"] == 1.5
+    assert ddp["peak_mem_mb"] == 310.0 and ddp["final_loss"] == 1.5  # step 2's losses 1 and 2, not the last
     assert ddp["parameters"] == 1000 and ddp["grad_mb_per_step"] == 0.004 and ddp["transport"] == "gloo"
     # the failed cell still has its row, with its error and no numbers
     assert failed["status"] == "timed out: timed out after 9 s" and failed["samples_per_s"] is None
@@ -90,6 +90,7 @@ def test_overhead_row_is_ratio_of_medians():
     assert set(row) == set(OVERHEAD_COLUMNS)
     assert row["paraflow_step_ms_median"] == 10.2 and row["raw_step_ms_median"] == 10.0
     assert row["abstraction_overhead"] == 0.02 and row["within_target"] is False
+    assert row["paired_overhead"] == round(0.0101 / 0.010 - 1, 4)  # pair ratios 1.01, 1.1333, 0.9364
     assert row["raw_spread"] == round((0.0108 - 0.0092) / 0.010, 4)  # p90 - p10 of raw over its median
 
 

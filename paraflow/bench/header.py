@@ -10,7 +10,7 @@ import socket
 import subprocess
 from typing import Optional
 
-__all__ = ["collect_header", "header_lines", "UNITS"]
+__all__ = ["collect_header", "header_lines", "busy_warning", "UNITS"]
 
 UNITS = "GB = 1e9 bytes, MB = 1e6 bytes; GB/s = 1e9 bytes per second; times are wall-clock"
 
@@ -91,6 +91,16 @@ def collect_header(threads_per_process: dict, launchers: list, commands: list) -
     }
 
 
+def busy_warning(header: dict) -> Optional[str]:
+    """A warning when other work competed for the CPU: a 1-min load average above the core count."""
+    load = header["load_average_1min"]
+    busiest = max(v for v in (load.get("start"), load.get("end")) if v is not None)
+    if busiest <= header["cores"]:
+        return None
+    return (f"WARNING: this machine was busy (1-min load average up to {busiest:g} on {header['cores']} cores): "
+            "other processes competed for the CPU, so timings are noisy; rerun on a quiet machine to compare.")
+
+
 def header_lines(header: dict, with_commands: bool = True) -> list[str]:
     """The header as plain lines (the caller prefixes them for Markdown, CSV or a plot)."""
     threads = ", ".join(f"{n} process{'es' * (int(n) > 1)}: {t}" for n, t in header["threads_per_process"].items())
@@ -104,6 +114,9 @@ def header_lines(header: dict, with_commands: bool = True) -> list[str]:
         f"1-min load average: {load.get('start')} at start, {load.get('end', '?')} at end",
         f"units: {header['units']}",
     ]
+    warning = busy_warning(header)
+    if warning:
+        lines.append(warning)
     if with_commands:
         lines.append("commands:")
         lines += [f"  {c}" for c in header["commands"]]

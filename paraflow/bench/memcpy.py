@@ -24,7 +24,7 @@ def _sweep(sizes: list[int], device: torch.device, warmup: int = 2) -> list[dict
         count = max(1, size // element)
         src = torch.ones(count, dtype=DTYPE, device=device)
         dst = torch.empty_like(src)
-        iters = max(10, iterations_for(count * element))
+        iters = max(10, iterations_for(count * element))  # copies are cheap: at least 10
         for _ in range(warmup):
             dst.copy_(src)
         device_sync(device)

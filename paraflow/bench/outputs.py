@@ -31,7 +31,9 @@ DEFINITIONS = [
     "weak-scaling eff: fixed batch per rank; X_n / (n * X_1), X_1 = the single backend (one process, no wrapper) on the same model.",
     "comm overhead: 1 - t_step(no gradient sync, under no_sync) / t_step(with it), from interleaved pairs of steps.",
     "peak mem: peak resident set size of the process on CPU (max over ranks), torch's peak allocated memory on CUDA.",
-    "final loss: the last timed step's loss, mean over ranks.",
+    "final loss: the loss of timed step number --steps (every cell runs at least that many; windows "
+    "may run longer), mean over ranks: rows with the same process count start from the same seed and "
+    "data, so their losses should agree.",
     "allreduce: in-place float32 sum; time = max over ranks of the mean time per operation; algbw = size / time; "
     "busbw = algbw * 2(n-1)/n (nccl-tests); #wrong = elements differing from the exact expected sum; "
     "avg busbw = mean over sizes.",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from ..errors import MissingDependencyError
-from .header import header_lines
+from .header import busy_warning, header_lines
 
 __all__ = ["write_plots", "size_label"]
 
@@ -30,9 +31,17 @@ def size_label(size: int) -> str:
     return str(size)
 
 
-def _footer(fig, header: dict) -> None:
-    text = "\n".join(header_lines(header, with_commands=False)[:4]) + "\nexact commands: results.md"
-    fig.text(0.01, 0.01, text, fontsize=6.5, family="monospace", va="bottom", ha="left", color="#444444")
+def _footer(fig, header: dict) -> float:
+    """Write the header under the plot, wrapped to the figure's width; returns its height (0..1)."""
+    lines = header_lines(header, with_commands=False)[:4] + ["exact commands: results.md"]
+    warning = busy_warning(header)
+    if warning:
+        lines.append(warning)
+    width = int(fig.get_figwidth() * 17)  # 6.5 pt monospace: about 17 characters per inch
+    wrapped = [part for line in lines for part in textwrap.wrap(line, width, subsequent_indent="  ")]
+    fig.text(0.01, 0.01, "\n".join(wrapped), fontsize=6.5, family="monospace", va="bottom", ha="left",
+             color="#444444" if not warning else "#a01010")
+    return (len(wrapped) * 0.115 + 0.15) / fig.get_figheight()
 
 
 def _throughput(rows: list, header: dict, path: Path) -> None:
@@ -62,8 +71,7 @@ def _throughput(rows: list, header: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("Training throughput against process count (weak scaling: fixed batch per process)")
-    fig.tight_layout(rect=(0, 0.12, 1, 0.95))
-    _footer(fig, header)
+    fig.tight_layout(rect=(0, _footer(fig, header), 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -92,8 +100,7 @@ def _busbw(rows: list, memcpy: list, header: dict, path: Path) -> None:
     ax.set_title("Allreduce bus bandwidth against message size (float32 sum)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    _footer(fig, header)
+    fig.tight_layout(rect=(0, _footer(fig, header), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -16,7 +16,7 @@ from ..launch import launch_command, run_launch
 from .config import BenchConfig
 from .matrix import Cell
 
-__all__ = ["CellResult", "run_cells", "worker_entry", "worker_args", "cell_env", "failure_reason"]
+__all__ = ["CellResult", "run_cells", "worker_entry", "worker_args", "cell_env", "failure_reason", "command_line"]
 
 WORKER_MODULE = "paraflow.bench.worker"
 #: Launcher variables a parent job may have set; a cell's processes must not inherit them.
@@ -24,6 +24,7 @@ _INHERITED_PREFIXES = ("OMPI_COMM_WORLD_", "PMI_", "PMIX_", "SLURM_", "HOROVOD_"
 _INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
               "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "PARAFLOW_BACKEND")
 _TAIL = 4000
+MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 
 
 @dataclass
@@ -38,6 +39,7 @@ class CellResult:
     ranks: list = field(default_factory=list)
     stdout_tail: str = ""
     stderr_tail: str = ""
+    env: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -48,9 +50,16 @@ class CellResult:
         c = self.cell
         return {"id": c.id, "kind": c.kind, "backend": c.backend, "launcher": c.launcher, "nproc": c.nproc,
                 "threads": c.threads, "models": [str(m) for m in c.models], "allreduce": c.allreduce,
-                "command": shlex.join(self.command), "status": self.status, "error": self.error,
+                "command": command_line(self.command, self.env), "status": self.status, "error": self.error,
                 "elapsed_s": self.elapsed_s, "stdout_tail": self.stdout_tail, "stderr_tail": self.stderr_tail,
                 "ranks": self.ranks}
+
+
+def command_line(command: list, env: dict) -> str:
+    """The launch as a shell line, variables it sets or removes included: `env -u X A=1 cmd ...`."""
+    unset = [arg for key, value in env.items() if value is None for arg in ("-u", key)]
+    assign = [f"{key}={value}" for key, value in env.items() if value is not None]
+    return shlex.join((["env", *unset] if unset else []) + assign + list(command))
 
 
 def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
@@ -83,6 +92,11 @@ def cell_env(cell: Cell, timeout: float) -> dict:
     env = {key: None for key in os.environ if key.startswith(_INHERITED_PREFIXES) or key in _INHERITED}
     env.update({"PARAFLOW_NUM_THREADS": threads, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                 "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, "PARAFLOW_TIMEOUT": str(int(max(timeout, 1)))})
+    if cell.launcher == "mpirun" and MPI_YIELD not in os.environ:
+        # The cell fills every core, and each horovod rank adds a background thread: Open MPI's
+        # default busy-polling would starve the other threads (it yields by itself only when it
+        # knows there are more ranks than slots).
+        env[MPI_YIELD] = "1"
     return env
 
 
@@ -123,10 +137,10 @@ def run_cell(cell: Cell, config: BenchConfig, raw_dir: Path, timeout: float,
     start = time.monotonic()
     try:
         command = launch_command(cell.launcher, cell.nproc, entry(cell, config, out_dir),
-                                 env_keys=[k for k, v in env.items() if v is not None])
+                                 env_keys=[k for k, v in env.items() if v is not None and not k.startswith("OMPI_MCA_")])
     except Exception as exc:  # a launcher that is not installed, a bad process count
         return CellResult(cell, [cell.launcher], "failed", f"{type(exc).__name__}: {exc}",
-                          time.monotonic() - start)
+                          time.monotonic() - start, env=env)
     result = run_launch(command, timeout=timeout, env=env)
     ranks, missing = _read_ranks(out_dir, cell.nproc)
     if result.timed_out:
@@ -142,7 +156,7 @@ def run_cell(cell: Cell, config: BenchConfig, raw_dir: Path, timeout: float,
         status, error = "ok", None
     return CellResult(cell, command, status, error, result.elapsed_s, ranks,
                       result.stdout[-_TAIL:] if status != "ok" else "",
-                      result.stderr[-_TAIL:] if status != "ok" else "")
+                      result.stderr[-_TAIL:] if status != "ok" else "", env)
 
 
 def _clock(seconds: float) -> str:
@@ -165,7 +179,7 @@ def run_cells(cells: list, config: BenchConfig, raw_dir: Path, timeout: Optional
         result = run_cell(cell, config, raw_dir, timeout, entry)
         results.append(result)
         if progress:
-            print(f"    $ {shlex.join(result.command)}", file=progress)
+            print(f"    $ {command_line(result.command, result.env)}", file=progress)
             outcome = "ok" if result.ok else f"{result.status.upper()}: {result.error}"
             print(f"    {outcome} ({result.elapsed_s:.1f} s)", file=progress, flush=True)
     return results

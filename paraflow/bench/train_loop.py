@@ -149,7 +149,8 @@ def run_training(backend, spec: ModelSpec, data: str, batch_size: int, warmup: i
         step(*next(batches))
         device_sync(device)
         warm_s.append(time.perf_counter() - t0)
-    steps = timed_steps(backend, warm_s[len(warm_s) // 2:], steps, min_window_s)
+    min_steps = steps
+    steps = timed_steps(backend, warm_s[len(warm_s) // 2:], min_steps, min_window_s)
     backend.barrier()
 
     step_s, losses = [], []
@@ -165,7 +166,7 @@ def run_training(backend, spec: ModelSpec, data: str, batch_size: int, warmup: i
         "model": spec.label, "model_spec": str(spec), "parameters": parameters, "grad_bytes": grad_bytes,
         "batch_per_rank": batch_size, "samples_per_step": step_batch, "replicas": replicas(backend),
         "warmup": warmup, "steps": steps, "min_window_s": min_window_s, "step_s": step_s, "window_s": window_s,
-        "losses": [float(l) for l in losses],
+        "losses": [float(l) for l in losses], "loss_step": min_steps,
     }
 
     if backend.MULTI_PROCESS:

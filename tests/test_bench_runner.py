@@ -1,0 +1,44 @@
+"""What each launch is given: worker arguments, environment, and the command line that is recorded."""
+
+from pathlib import Path
+
+from paraflow.bench.config import BenchConfig, ModelSpec
+from paraflow.bench.matrix import Cell
+from paraflow.bench.runner import MPI_YIELD, cell_env, command_line, worker_args
+
+MLP = (ModelSpec.parse("mlp:width=16"),)
+
+
+def test_cell_env_fixes_threads_and_drops_inherited_launcher_variables(monkeypatch):
+    for key, value in {"RANK": "3", "SLURM_PROCID": "1", "HOROVOD_RANK": "0", "OMPI_COMM_WORLD_RANK": "2",
+                       "PARAFLOW_BACKEND": "ddp", "KEEP_ME": "1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv(MPI_YIELD, raising=False)
+    env = cell_env(Cell("train", "ddp-gloo", "torchrun", 2, 1, MLP), timeout=60)
+    assert {k for k, v in env.items() if v is None} == {"RANK", "SLURM_PROCID", "HOROVOD_RANK",
+                                                        "OMPI_COMM_WORLD_RANK", "PARAFLOW_BACKEND"}
+    assert env["PARAFLOW_NUM_THREADS"] == env["OMP_NUM_THREADS"] == "1" and env["PARAFLOW_TIMEOUT"] == "60"
+    assert "KEEP_ME" not in env and MPI_YIELD not in env
+    assert cell_env(Cell("train", "horovod", "mpirun", 2, 1, MLP), 60)[MPI_YIELD] == "1"
+    monkeypatch.setenv(MPI_YIELD, "0")  # the user's own choice wins
+    assert MPI_YIELD not in cell_env(Cell("train", "horovod", "mpirun", 2, 1, MLP), 60)
+
+
+def test_command_line_shows_what_the_launch_sets_and_removes():
+    line = command_line(["mpirun", "-np", "2", "python", "-m", "w"], {"RANK": None, "A": "1", "B": "x y"})
+    assert line == "env -u RANK A=1 'B=x y' mpirun -np 2 python -m w"
+    assert command_line(["python", "w.py"], {"A": "1"}) == "A=1 python w.py"
+
+
+def test_worker_arguments_per_kind():
+    config = BenchConfig(models=["mlp:width=16", "cnn"], steps=3, min_window=0.5, sizes=[4096, 16384])
+    train = worker_args(Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), allreduce=True),
+                        config, Path("/o"))
+    assert train[train.index("--model") + 1] == "mlp:width=16" and train.count("--model") == 2
+    assert train[train.index("--allreduce-sizes") + 1] == "4096,16384"
+    assert train[train.index("--min-window") + 1] == "0.5" and train[train.index("--steps") + 1] == "3"
+    memcpy = worker_args(Cell("memcpy", None, "python", 1, 1), config, Path("/o"))
+    assert memcpy == ["--out", "/o", "--memcpy-sizes", "4096,16384", "--threads", "1"]
+    overhead = worker_args(Cell("overhead", "horovod", "mpirun", 2, 1, MLP), config, Path("/o"))
+    assert overhead[overhead.index("--overhead") + 1] == "mlp:width=16"
+    assert overhead[overhead.index("--steps") + 1] == str(config.overhead_steps)
