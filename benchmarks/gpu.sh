@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A short GPU benchmark (under 5 minutes) for a machine with NVIDIA GPUs and a CUDA build of torch:
-# single, dp, ddp-nccl, ddp-gloo and horovod (when installed) at 1 and all GPUs, every model,
-# the allreduce sweep up to 256 MB next to the GPU's own copy bandwidth, and the abstraction
-# overhead against raw DDP over NCCL.
+# single, dp, ddp-nccl and horovod (when built with NCCL) at 1 process and one per GPU, every
+# model, the allreduce sweep up to 256 MB next to the GPU's own copy bandwidth, and the
+# abstraction overhead against raw DDP over NCCL. The CPU transports are left to `make bench`.
 #
 # Usage: benchmarks/gpu.sh [OUT] [extra paraflow-bench options]   (default OUT: bench-results-gpu)
 # Python: $PYTHON, else .venv/bin/python, else python3.
@@ -15,21 +15,30 @@ if [ -z "$PY" ]; then
     if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 
-GPUS=$("$PY" - <<'PYEOF'
+read -r GPUS BACKENDS < <("$PY" - <<'PYEOF'
 import sys, torch
 if not torch.cuda.is_available():
     sys.exit(f"no GPU visible to torch {torch.__version__} (a CPU build, or no driver): "
              "install a CUDA build of torch, or run `make bench` for the CPU benchmark")
-print(torch.cuda.device_count())
+backends = ["dp", "ddp-nccl"]
+try:
+    import horovod.torch as hvd
+    if hvd.nccl_built():
+        backends.append("horovod")
+except Exception:  # not installed, or built for another torch
+    pass
+print(torch.cuda.device_count(), ",".join(backends))
 PYEOF
 )
+[ -n "${GPUS:-}" ] || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
-# One GPU: 2 processes still run the CPU transports (ddp-gloo, horovod) and their allreduce sweep.
-NPROCS="1,2"
-if [ "$GPUS" -gt 2 ]; then NPROCS="1,2,$GPUS"; fi
-echo "GPUs: $GPUS; process counts: $NPROCS; results: $OUT/"
+# One process per GPU at most (NCCL refuses two ranks on one GPU); with one GPU there is no
+# allreduce to sweep.
+NPROCS="1"
+if [ "$GPUS" -gt 1 ]; then NPROCS="1,$GPUS"; fi
+echo "GPUs: $GPUS; backends: single,$BACKENDS; process counts: $NPROCS; results: $OUT/"
 
 # Wider models than the CPU defaults so the GPU has work; each launch may take 90 s at most.
-exec timeout --signal=INT 290 "$PY" benchmarks/run.py --out "$OUT" --nprocs "$NPROCS" \
+exec timeout --signal=INT 290 "$PY" benchmarks/run.py --out "$OUT" --backends "$BACKENDS" --nprocs "$NPROCS" \
     --models mlp:width=4096 cnn:width=64 transformer:width=256,depth=4 \
     --batch-size 256 --max-bytes 256M --min-window 1 --timeout 90 "$@"

@@ -42,3 +42,19 @@ def test_worker_arguments_per_kind():
     overhead = worker_args(Cell("overhead", "horovod", "mpirun", 2, 1, MLP), config, Path("/o"))
     assert overhead[overhead.index("--overhead") + 1] == "mlp:width=16"
     assert overhead[overhead.index("--steps") + 1] == str(config.overhead_steps)
+
+
+def test_missing_tabulate_or_matplotlib_says_how_to_install(monkeypatch):
+    import sys
+
+    import pytest
+
+    from paraflow.bench.outputs import require_tabulate
+    from paraflow.bench.plots import require_pyplot
+    from paraflow.errors import MissingDependencyError
+    monkeypatch.setitem(sys.modules, "tabulate", None)  # makes `import tabulate` fail
+    with pytest.raises(MissingDependencyError, match=r"pip install 'paraflow\[bench\]'"):
+        require_tabulate()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(MissingDependencyError, match="--no-plots"):
+        require_pyplot()

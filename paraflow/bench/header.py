@@ -23,9 +23,14 @@ def _version(package: str) -> Optional[str]:
 
 
 def _mpi_version() -> str:
-    from ..launch import _tool
+    import shutil
+    import sys
+    local = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    mpirun = local if os.access(local, os.X_OK) else shutil.which("mpirun")
+    if not mpirun:
+        return "not installed (no mpirun on PATH)"
     try:
-        out = subprocess.run([_tool("mpirun", ""), "--version"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20)
         lines = [l.strip() for l in (out.stdout or out.stderr).splitlines() if l.strip()]
         return lines[0] if lines else "unknown"
     except Exception as exc:  # not installed, or refused to start

@@ -14,7 +14,7 @@ from typing import Mapping, Optional
 from ..errors import ConfigurationError, UnknownBackendError
 from .config import BenchConfig
 
-__all__ = ["Cell", "build_matrix", "BACKEND_LAUNCHERS", "OVERHEAD_LAUNCHER", "cores"]
+__all__ = ["Cell", "Matrix", "build_matrix", "BACKEND_LAUNCHERS", "OVERHEAD_LAUNCHER", "cores"]
 
 #: The launchers each backend is started with; any other backend gets torchrun.
 BACKEND_LAUNCHERS = {"single": ("python",), "dp": ("python",), "horovod": ("mpirun", "horovodrun")}

@@ -8,10 +8,11 @@ from pathlib import Path
 from ..errors import MissingDependencyError
 from .header import busy_warning, header_lines
 
-__all__ = ["write_plots", "size_label"]
+__all__ = ["write_plots", "size_label", "require_pyplot"]
 
 
-def _pyplot():
+def require_pyplot():
+    """matplotlib.pyplot on the Agg backend, or a clear error saying how to install it."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -45,7 +46,7 @@ def _footer(fig, header: dict) -> float:
 
 
 def _throughput(rows: list, header: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = require_pyplot()
     ok = [r for r in rows if r["status"] == "ok"]
     models = list(dict.fromkeys(r["model"] for r in ok))
     fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 5.4), squeeze=False)
@@ -77,7 +78,7 @@ def _throughput(rows: list, header: dict, path: Path) -> None:
 
 
 def _busbw(rows: list, memcpy: list, header: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = require_pyplot()
     ok = [r for r in rows if r["status"] == "ok"]
     fig, ax = plt.subplots(figsize=(9, 6.2))
     series = {}

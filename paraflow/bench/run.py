@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from .outputs import (CSV_TABLES, markdown_report, require_tabulate, terminal_re
 from .runner import run_cells, worker_entry
 from .tables import build_tables
 
-__all__ = ["run_bench", "OUTPUT_FILES"]
+__all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
 
 OUTPUT_FILES = ("results.json", "results.md", *CSV_TABLES, "throughput.png", "busbw.png")
 
@@ -44,8 +43,8 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     progress = sys.stdout if progress is True else (progress or None)
     require_tabulate()
     if config.plots:
-        from .plots import _pyplot
-        _pyplot()
+        from .plots import require_pyplot
+        require_pyplot()
     matrix = matrix or build_matrix(config)
     out = Path(config.out)
     raw = _prepare(out)
@@ -86,7 +85,3 @@ def exit_status(results: dict) -> int:
     """0 when every launch succeeded, else 1."""
     return 0 if all(c["status"] == "ok" for c in results["cells"]) else 1
 
-
-def command_line(argv: list) -> str:
-    """The command as typed, for logs."""
-    return shlex.join(argv)
