@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.paraflow-installed
 
-.PHONY: install test bench clean
+.PHONY: install test soak bench clean
 
 install: $(STAMP)
 
@@ -13,6 +13,9 @@ $(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh paraflo
 
 test: install
 	$(PY) -m pytest
+
+soak: install
+	$(PY) -m pytest -m soak tests/faults
 
 bench: install
 	$(VENV)/bin/paraflow bench

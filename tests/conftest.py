@@ -59,3 +59,16 @@ def _clean_launcher_env(monkeypatch):
         if key.startswith(("OMPI_", "PMI_", "SLURM_", "HOROVOD_", "MV2_", "PARAFLOW_BACKEND")) or key in (
                 "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_left_behind():
+    """After the whole suite, no process it started (launcher, rank, MPI daemon) may still run."""
+    from faults.leftovers import kill_processes, leftover_processes, mark_session
+    marker = mark_session()
+    yield
+    left = leftover_processes(marker)
+    if left:
+        kill_processes(left)
+        pytest.fail("the test suite left processes running (now killed): "
+                    + "; ".join(f"pid {pid}: {cmd[:200]}" for pid, cmd in left.items()), pytrace=False)

@@ -15,6 +15,8 @@ from torch.utils.data import Dataset
 from ..environment import ProcessEnvironment, detect_environment
 from ..compression import check_compression
 from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError
+from ..collective_check import check_collective
+from ..failures import abort_mpi_job_on_uncaught_error, collective_errors
 from ..precision import GradScaler, autocast, check_precision, check_precision_on
 from ..sharding import ShardSampler
 
@@ -110,6 +112,8 @@ class Backend(abc.ABC):
         else:
             torch.set_num_threads(self._threads_per_process())
         self._init()
+        if self.env.is_mpi:
+            abort_mpi_job_on_uncaught_error()
         self._initialized = True
         return self
 
@@ -261,23 +265,38 @@ class Backend(abc.ABC):
                 f"allreduce op 'mean' needs a floating-point tensor, got {tensor.dtype}; "
                 "use op='sum' and divide, or convert with tensor.double()."
             )
-        return self._allreduce(tensor.detach().clone(), op)
+        with self._guard("allreduce", tensor, op=op):
+            return self._allreduce(tensor.detach().clone(), op)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Return rank `src`'s `tensor` on every rank; input is unchanged."""
         self._check_tensor(tensor, "broadcast")
         if not 0 <= src < self.world_size:
             raise ConfigurationError(f"broadcast src={src} is outside ranks 0..{self.world_size - 1}.")
-        return self._broadcast(tensor.detach().clone(), src)
+        with self._guard("broadcast", tensor, src=src):
+            return self._broadcast(tensor.detach().clone(), src)
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Return every rank's `tensor` (same shape on all ranks), indexed by rank."""
         self._check_tensor(tensor, "allgather")
-        return self._allgather(tensor.detach().contiguous())
+        with self._guard("allgather", tensor):
+            return self._allgather(tensor.detach().contiguous())
 
-    @abc.abstractmethod
     def barrier(self) -> None:
         """Wait until every rank reaches this call."""
+        self._env()
+        with self._guard("barrier"):
+            self._barrier()
+
+    @contextlib.contextmanager
+    def _guard(self, collective: str, tensor: Optional[torch.Tensor] = None,
+               **arguments: Any) -> Iterator[None]:
+        """Around one collective: all ranks must agree on it (paraflow.collective_check), and
+        communication failures leave as paraflow errors (paraflow.failures)."""
+        with collective_errors(self, collective):
+            if self.world_size > 1:
+                check_collective(self, collective, tensor, **arguments)
+            yield
 
     # ---------------------------------------------------------------- for subclasses
     @abc.abstractmethod
@@ -298,6 +317,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Gather `tensor` from every rank."""
+
+    def _barrier(self) -> None:
+        """Block until every rank arrives (default: a one-element allreduce)."""
+        self._allreduce(torch.zeros(1, device=self.device), "sum")
 
     def _uses_cuda(self) -> bool:
         """Whether this backend puts models on CUDA when a GPU is present."""

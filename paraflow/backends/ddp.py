@@ -11,7 +11,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..compression import register_ddp_compression
+from ..debug import debug_enabled, enable_torch_debug
 from ..errors import ConfigurationError
+from ..failures import CheckedDistributedDataParallel, call_with_deadline, startup_errors
 from ..rendezvous import resolve_master
 from .base import Backend
 
@@ -89,13 +91,25 @@ class DDPBackend(Backend):
         env = self.env
         if env.launcher == "torchrun":
             init_method = "env://"  # torchrun's agent already holds the store at MASTER_PORT
+            addr, port = env.master_addr, env.master_port
         else:
             addr, port = resolve_master(env)
             init_method = f"tcp://{addr}:{port}"
         kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
-        dist.init_process_group(self.transport, init_method=init_method, rank=env.rank,
-                                world_size=env.world_size,
-                                timeout=datetime.timedelta(seconds=self.timeout), **kwargs)
+        if debug_enabled():
+            enable_torch_debug()
+
+        def start() -> None:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)  # the helper thread's own current device
+            dist.init_process_group(self.transport, init_method=init_method, rank=env.rank,
+                                    world_size=env.world_size,
+                                    timeout=datetime.timedelta(seconds=self.timeout), **kwargs)
+
+        with startup_errors(rank=env.rank, world_size=env.world_size, address=addr, port=port,
+                            timeout=self.timeout, launcher=env.launcher):
+            # A client whose rendezvous port is held by another program waits forever otherwise.
+            call_with_deadline(start, self.timeout + 10, "joining the process group")
         self._owns_group = True
 
     def _shutdown(self) -> None:
@@ -107,7 +121,8 @@ class DDPBackend(Backend):
         """Move `model` to this rank's device and wrap it in DistributedDataParallel."""
         model = model.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
+        wrapped = CheckedDistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
+        wrapped.paraflow_backend_name = self.name
         register_ddp_compression(wrapped, self.compression, self.transport)
         return wrapped
 
@@ -150,9 +165,7 @@ class DDPBackend(Backend):
         dist.all_gather(out, work)
         return [t.to(tensor.device) for t in out]
 
-    def barrier(self) -> None:
-        """torch.distributed.barrier over every rank."""
-        self._env()
+    def _barrier(self) -> None:
         if self.device.type == "cuda":
             dist.barrier(device_ids=[self.device.index])
         else:

@@ -19,6 +19,7 @@ from torch import nn
 from ..environment import ProcessEnvironment
 from ..errors import (BackendUnavailableError, CollectiveError, ConfigurationError, LauncherError,
                       ParaflowError)
+from ..failures import translate_collective_error
 from ..horovod_import import horovod_missing_reason, import_horovod
 from ..scoped_env import ScopedEnv
 from .base import Backend
@@ -421,7 +422,7 @@ class HorovodBackend(Backend):
             gathered = hvd.allgather(tensor.reshape(1, *tensor.shape), name="paraflow.allgather")
         return list(gathered.unbind(0))
 
-    def barrier(self) -> None:
+    def _barrier(self) -> None:
         """Wait for every rank (horovod's barrier)."""
         hvd = self._horovod()
         with self._collective("barrier"):
@@ -441,6 +442,11 @@ class HorovodBackend(Backend):
         except ValueError as exc:  # horovod refuses the tensor itself (dtype, layout)
             raise ConfigurationError(f"horovod cannot run the {what}: {exc}") from exc
         except RuntimeError as exc:  # HorovodInternalError: ranks disagree, or the job broke
+            translated = translate_collective_error(  # a timeout or a lost rank: paraflow.failures
+                exc, collective=f"horovod {what}", rank=self.rank, world_size=self.world_size,
+                backend=self.name, timeout=self.timeout)
+            if translated is not None:
+                raise translated from exc
             raise CollectiveError(
                 f"horovod {what} failed on rank {self.rank}: {str(exc).rstrip('.')}. Every rank must call the same "
                 "collectives in the same order with tensors of the same shape and dtype.") from exc

@@ -1,0 +1,120 @@
+"""Unit tests, no processes: error translation and the collective descriptor."""
+
+import pytest
+import torch
+
+from paraflow.collective_check import DESCRIPTOR_WORDS, _Descriptor, _encode, _mismatch, describe
+from paraflow.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError, LauncherError
+from paraflow.failures import (call_with_deadline, startup_errors, translate_collective_error,
+                               unused_parameters_error)
+
+GLOO_TIMEOUT = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv "
+                            "operation to complete")
+GLOO_CLOSED = RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:5123.")
+HOROVOD_DOWN = RuntimeError("Horovod has been shut down. This was caused by an exception on one of the ranks")
+
+
+def translate(exc, rank=0, world_size=2):
+    return translate_collective_error(exc, collective="allreduce", rank=rank, world_size=world_size,
+                                      backend="ddp-gloo", timeout=10)
+
+
+def test_timeout_becomes_collective_timeout_naming_collective_rank_and_peer():
+    err = translate(GLOO_TIMEOUT)
+    assert isinstance(err, CollectiveTimeoutError) and isinstance(err, TimeoutError)
+    text = str(err)
+    assert "allreduce on rank 0 of 2" in text and "rank 1 did not join" in text and "10 s" in text
+    assert "Timed out waiting 10000ms" in text  # the original stays visible
+
+
+@pytest.mark.parametrize("exc", [GLOO_CLOSED, HOROVOD_DOWN])
+def test_lost_peer_becomes_collective_error(exc):
+    err = translate(exc, rank=1)
+    assert type(err) is CollectiveError
+    assert "allreduce on rank 1 of 2" in str(err) and "connection to rank 0 was lost" in str(err)
+
+
+def test_peer_is_not_guessed_with_more_than_two_ranks():
+    assert "another rank" in str(translate(GLOO_TIMEOUT, world_size=3))
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("CUDA out of memory"), ValueError("timed out"),
+                                 CollectiveError("already ours, timed out")])
+def test_other_errors_are_left_alone(exc):
+    assert translate(exc) is None
+
+
+def test_taken_port_names_address_and_port():
+    raw = RuntimeError("The server socket has failed to listen on any local network address. port: 29500, "
+                       "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    with pytest.raises(LauncherError, match=r"127\.0\.0\.1:29500.*already in use") as info:
+        with startup_errors(rank=0, world_size=2, address="127.0.0.1", port=29500, timeout=10, launcher="openmpi"):
+            raise raw
+    assert info.value.__cause__ is raw
+
+
+def test_missing_ranks_name_the_world_size_and_the_count():
+    raw = RuntimeError("Timed out after 11 seconds waiting for clients. 2/3 clients joined.")
+    with pytest.raises(LauncherError, match=r"job has 3 processes, but only 2 of 3 joined.*127\.0\.0\.1:1234"):
+        with startup_errors(rank=0, world_size=3, address="127.0.0.1", port=1234, timeout=10, launcher="torchrun"):
+            raise raw
+
+
+def test_call_with_deadline_returns_raises_or_gives_up():
+    assert call_with_deadline(lambda: 7, 5, "adding") == 7
+    with pytest.raises(KeyError):
+        call_with_deadline(lambda: {}["x"], 5, "looking up")
+    import threading
+    never = threading.Event()
+    with pytest.raises(RuntimeError, match="waiting timed out after 0.2 s"):
+        call_with_deadline(never.wait, 0.2, "waiting")
+    never.set()
+
+
+def test_unused_parameters_are_named_from_torch_indices():
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    raw = RuntimeError("... pass the keyword argument `find_unused_parameters=True` to DDP ...\n"
+                       "Parameter indices which did not receive grad for rank 1: 2 3\n In addition, ...")
+    err = unused_parameters_error(raw, module, 1, "paraflow.init('ddp', find_unused_parameters=True)")
+    assert isinstance(err, ConfigurationError)
+    assert "1.weight, 1.bias" in str(err) and "find_unused_parameters=True" in str(err) and "Horovod" in str(err)
+    assert unused_parameters_error(RuntimeError("other"), module, 1, "") is None
+
+
+def _descriptor(collective="allreduce", sequence=1, tensor=None, argument=0, site="train.py:10"):
+    tensor = torch.ones(3) if tensor is None and collective != "barrier" else tensor
+    words = _encode(collective, sequence, tensor, argument, site)
+    assert words.dtype == torch.int64 and words.numel() == DESCRIPTOR_WORDS
+    return _Descriptor(words.tolist())
+
+
+def test_descriptor_round_trip():
+    d = _descriptor(tensor=torch.zeros(2, 3, dtype=torch.float64), argument=3, sequence=42)
+    assert str(d) == "allreduce(float64[2, 3], op=max) as collective #42 at train.py:10"
+    assert str(_descriptor("barrier")) == "barrier() as collective #1 at train.py:10"
+    assert str(_descriptor("broadcast", argument=1)) == "broadcast(float32[3], src=1) as collective #1 at train.py:10"
+
+
+@pytest.mark.parametrize("other, problem", [
+    (dict(tensor=torch.ones(4)), "shape differs"),
+    (dict(tensor=torch.ones(3, 1)), "shape differs"),
+    (dict(tensor=torch.ones(3, dtype=torch.int32)), "dtype differs"),
+    (dict(collective="broadcast"), "different collectives"),
+    (dict(sequence=2), "skipped or repeated"),
+    (dict(argument=1), "different arguments"),
+])
+def test_every_kind_of_mismatch_is_found(other, problem):
+    mine, theirs = _descriptor(), _descriptor(**other)
+    assert problem in _mismatch([mine, theirs])
+    assert _mismatch([mine, _descriptor()]) is None
+
+
+def test_garbage_is_not_a_descriptor():
+    garbage = _Descriptor([7] * DESCRIPTOR_WORDS)
+    assert _mismatch([_descriptor(), garbage]) == "a rank is inside a different collective"
+
+
+def test_describe_groups_ranks_with_the_same_call():
+    a, b = _descriptor(), _descriptor(tensor=torch.ones(4))
+    text = describe([a, a, b])
+    assert text.startswith("ranks 0, 1 called allreduce(float32[3]") and "rank 2 called allreduce(float32[4]" in text
