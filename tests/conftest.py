@@ -72,3 +72,11 @@ def _no_process_left_behind():
         kill_processes(left)
         pytest.fail("the test suite left processes running (now killed): "
                     + "; ".join(f"pid {pid}: {cmd[:200]}" for pid, cmd in left.items()), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def float64_reference(tmp_path_factory):
+    """Parameters tests/workers/equivalence.py ends with under `single`: each whole batch in one step."""
+    out = tmp_path_factory.mktemp("float64-reference") / "single.pt"
+    launch_ok("python", 1, [WORKERS / "equivalence.py", "single", out], timeout=180)
+    return torch.load(out)

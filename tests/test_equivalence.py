@@ -60,19 +60,13 @@ def test_horovod_gradient_accumulation_matches_single(tmp_path, launcher, mode):
     assert_same_parameters(train(tmp_path, "horovod", launcher, 2, accumulation=2, mode=mode), reference)
 
 
-@pytest.fixture(scope="module")
-def whole_batch_reference(tmp_path_factory):
-    """One process taking each whole global batch in one step: what accumulation must reproduce."""
-    return train(tmp_path_factory.mktemp("reference"), "single", "python", 1)
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend, launcher", [("ddp-gloo", "torchrun"),
                                                pytest.param("horovod", "mpirun", marks=requires_horovod)])
-def test_accumulate_matches_one_step_on_the_whole_batch(tmp_path, whole_batch_reference, backend, launcher):
+def test_accumulate_matches_one_step_on_the_whole_batch(tmp_path, float64_reference, backend, launcher):
     """4 micro-batches of b rows per rank under backend.accumulate equal one step on 4b rows per rank.
 
     The worker also checks that only the 4th micro-batch's backward sends gradients.
     """
     trained = train(tmp_path, backend, launcher, 2, accumulation=4, mode="accumulate")
-    assert_same_parameters(trained, whole_batch_reference)
+    assert_same_parameters(trained, float64_reference)

@@ -4,20 +4,13 @@ import pytest
 import torch
 
 import paraflow
-from conftest import requires_horovod
-from test_equivalence import train
+from conftest import WORKERS, launch_ok, requires_horovod
 
 # The worker trains float64; these runs send gradients as 16-bit floats instead.
 EPS = {"fp16": torch.finfo(torch.float16).eps, "bf16": torch.finfo(torch.bfloat16).eps}
 
 
-@pytest.fixture(scope="module")
-def uncompressed(tmp_path_factory):
-    return train(tmp_path_factory.mktemp("uncompressed"), "single", "python", 1)
-
-
 def compressed_run(tmp_path, backend, launcher, compression):
-    from conftest import WORKERS, launch_ok
     out = tmp_path / f"{backend}-{compression}.pt"
     launch_ok(launcher, 2, [WORKERS / "equivalence.py", backend, out, 1, "no_sync", f"compression={compression}"],
               timeout=180)
@@ -34,10 +27,10 @@ def max_difference(a, b):
     ("ddp-gloo", "torchrun", "bf16"),
     pytest.param("horovod", "mpirun", "fp16", marks=requires_horovod),
 ])
-def test_compressed_training_stays_within_the_wire_dtype_precision(tmp_path, uncompressed, backend, launcher,
+def test_compressed_training_stays_within_the_wire_dtype_precision(tmp_path, float64_reference, backend, launcher,
                                                                    compression):
     trained = compressed_run(tmp_path, backend, launcher, compression)
-    difference = max_difference(trained, uncompressed)
+    difference = max_difference(trained, float64_reference)
     # Parameters stay below 0.3 here and 5 SGD steps move them a little: rounding each gradient
     # to the wire dtype moves them by about eps/30 (measured); eps/10 leaves room, and a tenth
     # of the next coarser dtype's error would already fail.
