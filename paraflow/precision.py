@@ -9,7 +9,7 @@ import torch
 
 from .errors import ConfigurationError
 
-__all__ = ["PRECISIONS", "check_precision", "autocast", "GradScaler"]
+__all__ = ["PRECISIONS", "check_precision", "check_precision_on", "autocast", "GradScaler"]
 
 #: "fp32": no autocast; "bf16": autocast to bfloat16; "fp16": autocast to float16 with loss scaling.
 PRECISIONS = ("fp32", "bf16", "fp16")

@@ -16,11 +16,13 @@ LAUNCHERS = {"ddp-gloo": "torchrun", "horovod": "mpirun"}
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["ddp-gloo", pytest.param("horovod", marks=requires_horovod)])
 def test_uneven_shards_join_and_checkpoint_after_the_join(tmp_path, backend):
+    """With fp16 gradients on the wire too: a finished rank must answer in the same dtype."""
     out, checkpoint = tmp_path / "r.json", tmp_path / "c.pt"
     launch_ok(LAUNCHERS[backend], 2, [TRAIN, "--backend", backend, *UNEVEN, "--save-every", "1",
-                                      "--checkpoint", checkpoint, "--json-out", out], timeout=180)
+                                      "--compression", "fp16", "--checkpoint", checkpoint, "--json-out", out],
+              timeout=180)
     summary = json.loads(out.read_text())
-    assert summary["joined"] is True
+    assert summary["joined"] is True and summary["compression"] == "fp16"
     # Rank 0 ran 4 batches per epoch and rank 1 three: 4 optimizer steps per epoch.
     assert summary["steps"] == 8
     progress = torch.load(checkpoint, weights_only=True)["state"]["progress"]
