@@ -73,7 +73,8 @@ def _torch() -> dict[str, Any]:
     nccl_version = None
     if nccl:
         try:
-            nccl_version = ".".join(map(str, torch.cuda.nccl.version()))
+            version = torch.cuda.nccl.version()  # a tuple; an int in older torch
+            nccl_version = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
         except Exception:  # noqa: BLE001 - a version we cannot read is just not shown
             pass
     return {

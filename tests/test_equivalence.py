@@ -44,10 +44,9 @@ def test_training_actually_moves_parameters(tmp_path):
 
 @requires_horovod
 @pytest.mark.timeout(300)
-def test_horovod_two_ranks_matches_ddp_gloo_and_single(tmp_path):
-    reference = train(tmp_path, "single", "python", 1)
+def test_horovod_two_ranks_matches_ddp_gloo_and_single(tmp_path, float64_reference):
     horovod = train(tmp_path, "horovod", "mpirun", 2)
-    assert_same_parameters(horovod, reference)
+    assert_same_parameters(horovod, float64_reference)
     assert_same_parameters(horovod, train(tmp_path, "ddp-gloo", "torchrun", 2))
 
 
@@ -55,9 +54,9 @@ def test_horovod_two_ranks_matches_ddp_gloo_and_single(tmp_path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("launcher, mode", [("horovodrun", "no_sync"), ("mpirun", "option")],
                          ids=["no_sync-horovodrun", "accumulation_steps-mpirun"])
-def test_horovod_gradient_accumulation_matches_single(tmp_path, launcher, mode):
-    reference = train(tmp_path, "single", "python", 1)
-    assert_same_parameters(train(tmp_path, "horovod", launcher, 2, accumulation=2, mode=mode), reference)
+def test_horovod_gradient_accumulation_matches_single(tmp_path, float64_reference, launcher, mode):
+    trained = train(tmp_path, "horovod", launcher, 2, accumulation=2, mode=mode)
+    assert_same_parameters(trained, float64_reference)
 
 
 @pytest.mark.timeout(300)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import ROOT, launch_ok
+from conftest import ROOT, launch_ok, requires_horovod
 
 TRAIN = ROOT / "train.py"
 ACCURACY_BAR = 0.95
@@ -23,7 +23,8 @@ CASES = [
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend, launcher, nproc", CASES, ids=[f"{b}-{l}{n}" for b, l, n in CASES])
+@pytest.mark.parametrize("backend, launcher, nproc", [pytest.param(*c, marks=requires_horovod if c[0] == "horovod" else ())
+                                                      for c in CASES], ids=[f"{b}-{l}{n}" for b, l, n in CASES])
 def test_train_reaches_accuracy_bar_on_digits(backend, launcher, nproc, tmp_path):
     out = tmp_path / "result.json"
     result = launch_ok(launcher, nproc, [TRAIN, "--backend", backend, "--data", "digits",
