@@ -117,6 +117,9 @@ def run_launch(command: Sequence[str], timeout: float, env: Optional[Mapping[str
         except subprocess.TimeoutExpired:  # something outside the tree still holds the pipes
             proc.kill()
             out, err = "", "(output lost: a process outside the launch kept its pipes open)"
+    except BaseException:  # Ctrl-C or any error here: take every started process down first
+        kill_tree(proc.pid)
+        raise
     finally:
         kill_group(proc.pid)  # ranks a launcher left behind
     return LaunchResult(list(command), proc.returncode, out, err, time.monotonic() - start, timed_out)
