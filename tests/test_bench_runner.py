@@ -58,3 +58,25 @@ def test_missing_tabulate_or_matplotlib_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(MissingDependencyError, match="--no-plots"):
         require_pyplot()
+
+
+def test_local_update_skips_horovod_style_synchronisation_only():
+    import contextlib
+
+    import torch
+
+    from paraflow.bench.train_loop import local_update
+
+    class Synchronising(torch.optim.SGD):  # the shape of horovod's DistributedOptimizer
+        skipped = False
+
+        @contextlib.contextmanager
+        def skip_synchronize(self):
+            Synchronising.skipped = True
+            yield
+
+    param = torch.nn.Parameter(torch.ones(2))
+    with local_update(Synchronising([param], lr=0.1)):
+        assert Synchronising.skipped
+    with local_update(torch.optim.SGD([param], lr=0.1)) as entered:
+        assert entered is None

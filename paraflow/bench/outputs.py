@@ -29,7 +29,9 @@ DEFINITIONS = [
     "step time: per rank, after a device sync; a step takes as long as its slowest rank; median and p10/p90 over the timed steps.",
     "samples/s: global samples in the timed window / the window's wall time (after warm-up and a barrier); per process = that / processes.",
     "weak-scaling eff: fixed batch per rank; X_n / (n * X_1), X_1 = the single backend (one process, no wrapper) on the same model.",
-    "comm overhead: 1 - t_step(no gradient sync, under no_sync) / t_step(with it), from interleaved pairs of steps.",
+    "comm overhead: 1 - t_step(no gradient sync) / t_step(with it), medians of interleaved pairs of steps; the "
+    "step without sync runs forward and backward under backend.no_sync and a local optimizer update "
+    "(horovod's inside optimizer.skip_synchronize(), since its step() would reduce the skipped gradients).",
     "peak mem: peak resident set size of the process on CPU (max over ranks), torch's peak allocated memory on CUDA.",
     "final loss: the loss of timed step number --steps (every cell runs at least that many; windows "
     "may run longer), mean over ranks: rows with the same process count start from the same seed and "

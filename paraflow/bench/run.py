@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,8 @@ def _prepare(out: Path) -> Path:
     for name in OUTPUT_FILES:  # no stale file from an earlier run may pass for this one's
         (out / name).unlink(missing_ok=True)
     raw = out / "raw"
-    raw.mkdir(exist_ok=True)
+    shutil.rmtree(raw, ignore_errors=True)  # cells of an earlier run would pass for this one's
+    raw.mkdir()
     return raw
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Callable, Iterator
+from typing import Callable, ContextManager, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from ..data import load_dataset
 from ..models import build_model, count_parameters
 from .config import ModelSpec
 
-__all__ = ["run_training", "make_batches", "make_step", "device_sync", "reset_peak_memory",
+__all__ = ["run_training", "make_batches", "make_step", "local_update", "device_sync", "reset_peak_memory",
            "peak_memory_bytes", "LEARNING_RATE"]
 
 LEARNING_RATE = 0.05
@@ -104,6 +104,17 @@ def make_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return step
 
 
+def local_update(optimizer: torch.optim.Optimizer) -> ContextManager:
+    """Context in which ``optimizer.step()`` updates from this rank's gradients without communicating.
+
+    DDP's optimizer is torch's own and never communicates. Horovod's DistributedOptimizer
+    allreduces in ``step()`` every gradient its hooks left out, no_sync or not, unless inside its
+    ``skip_synchronize()``.
+    """
+    skip = getattr(optimizer, "skip_synchronize", None)
+    return skip() if callable(skip) else contextlib.nullcontext()
+
+
 def replicas(backend) -> int:
     """Model replicas one step trains: the processes, or every GPU DataParallel splits over."""
     if backend.name == "dp" and backend.device.type == "cuda":
@@ -175,10 +186,12 @@ def run_training(backend, spec: ModelSpec, data: str, batch_size: int, warmup: i
         sync_s, no_sync_s = [], []
         for i in range(max(1, (steps + 1) // 2)):
             for synced in ((True, False) if i % 2 == 0 else (False, True)):
-                context = contextlib.nullcontext() if synced else backend.no_sync(model)
                 t0 = time.perf_counter()
-                with context:
+                if synced:
                     step(*next(batches))
+                else:
+                    with backend.no_sync(model), local_update(optimizer):
+                        step(*next(batches))
                 device_sync(device)
                 (sync_s if synced else no_sync_s).append(time.perf_counter() - t0)
         result.update(sync_pair_step_s=sync_s, no_sync_step_s=no_sync_s)
