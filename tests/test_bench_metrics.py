@@ -46,6 +46,17 @@ def test_overheads():
     assert metrics.abstraction_overhead(9.9, 10.0) == pytest.approx(-0.01)
 
 
+def test_median_confidence_interval_uses_order_statistics():
+    values = [float(v) for v in range(11, 0, -1)]   # 11..1, unsorted on purpose
+    # n = 11: k = floor((11 - 1.96 * sqrt(11)) / 2) = floor(2.25) = 2 -> 3rd and 9th smallest
+    assert metrics.median_confidence_interval(values) == (3.0, 9.0)
+    assert metrics.median_confidence_interval([5.0, 1.0, 3.0]) == (1.0, 5.0)  # too few: min, max
+    n100 = metrics.median_confidence_interval(list(range(100)))
+    assert n100 == (40, 59)                            # k = floor((100 - 19.6) / 2) = 40
+    with pytest.raises(ValueError):
+        metrics.median_confidence_interval([])
+
+
 def test_bandwidths_follow_nccl_tests():
     assert metrics.algbw(1_000_000_000, 2.0) == 5e8
     assert metrics.bus_factor(1) == 0.0 and metrics.bus_factor(2) == 1.0 and metrics.bus_factor(4) == 1.5

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 __all__ = [
     "percentile", "step_summary", "slowest_rank_per_step", "throughput", "weak_scaling_efficiency",
     "strong_scaling", "communication_overhead", "abstraction_overhead", "algbw", "busbw",
-    "bus_factor", "mean",
+    "bus_factor", "mean", "median_confidence_interval",
 ]
 
 
@@ -87,6 +87,17 @@ def bus_factor(n: int) -> float:
 def busbw(size_bytes: int, time_s: float, n: int) -> float:
     """Bus bandwidth in bytes/s: algbw * 2(n-1)/n, comparable across process counts."""
     return algbw(size_bytes, time_s) * bus_factor(n)
+
+
+def median_confidence_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """Distribution-free ~95% confidence interval for the median: the order statistics k and
+    n-1-k with k = floor((n - z*sqrt(n)) / 2) (normal approximation of the binomial); (min, max)
+    when there are too few values."""
+    if not values:
+        raise ValueError("confidence interval of no values")
+    ordered = sorted(values)
+    k = max(0, math.floor((len(ordered) - z * math.sqrt(len(ordered))) / 2))
+    return ordered[k], ordered[len(ordered) - 1 - k]
 
 
 def mean(values: Sequence[float]) -> Optional[float]:
