@@ -109,7 +109,7 @@ def test_terminal_shows_progress_header_and_every_table(run):
 @pytest.mark.timeout(480)
 def test_tables_rebuild_from_the_raw_per_rank_numbers(run):
     results, out = run["results"], run["out"]
-    assert build_tables(results["cells"]) == results["tables"]
+    assert build_tables(results["cells"], results["header"]) == results["tables"]
     for cell in results["cells"]:
         assert len(cell["ranks"]) == cell["nproc"] and cell["command"]
         for r in range(cell["nproc"]):

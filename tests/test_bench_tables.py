@@ -94,6 +94,12 @@ def test_overhead_row_is_ratio_of_medians():
     # 3 pairs are too few for order statistics inside the range: the interval is (min, max)
     assert (row["paired_ci_low"], row["paired_ci_high"]) == (round(0.0103 / 0.011 - 1, 4), round(0.0102 / 0.009 - 1, 4))
     assert row["within_target"] == "unresolved"  # the interval straddles 1%
+    busy = {"cores": 2, "load_average_1min": {"start": 5.0, "end": 1.0}}
+    quiet = {"cores": 2, "load_average_1min": {"start": 1.0, "end": 1.5}}
+    fast = {**OVERHEAD, "ranks": [rank(0, 1, {"overhead": {**OVERHEAD["ranks"][0]["tasks"]["overhead"],
+                                                          "paraflow_step_s": [0.0100, 0.0090, 0.0110]}})]}
+    assert build_tables([fast], quiet)["overhead"][0]["within_target"] == "yes"  # ratios 1.0, 1.0, 1.0
+    assert build_tables([fast], busy)["overhead"][0]["within_target"] == "unresolved: busy machine"
 
 
 def test_rendered_tables_carry_every_header_and_format_values():

@@ -67,7 +67,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     header["wall_time_s"] = round(time.monotonic() - start, 1)
     results = {"header": header, "config": config.to_dict(), "skipped": dict(matrix.skipped),
-               "cells": cells, "tables": build_tables(cells)}
+               "cells": cells, "tables": build_tables(cells, header)}
 
     plots = []
     if config.plots:

@@ -199,13 +199,15 @@ def allreduce_rows(cells: list, memcpy: Optional[list] = None) -> tuple[list, li
     return rows, footers
 
 
-def overhead_rows(cells: list) -> list:
+def overhead_rows(cells: list, busy: bool = False) -> list:
     """Abstraction overhead: median step through paraflow / median step by hand - 1.
 
     Also the paired estimate, median over pairs of (paraflow step / raw step) - 1: the two steps of
     a pair run back to back, so load that drifts during the run cancels out; with a ~95%
     confidence interval. Within target: "yes" when the interval lies at or below OVERHEAD_TARGET,
-    "no" when it lies above, "unresolved" when noise is too large to tell.
+    "no" when it lies above, "unresolved" when noise is too large to tell, and always
+    "unresolved: busy machine" when other work competed for the CPU (`busy`): load bursts make
+    neighbouring pairs alike, and the interval would claim more than the data holds.
     """
     rows = []
     for cell in cells:
@@ -226,6 +228,8 @@ def overhead_rows(cells: list) -> list:
         ratios = [metrics.abstraction_overhead(p, r) for p, r in pairs]
         low, high = metrics.median_confidence_interval(ratios)
         verdict = "yes" if high <= OVERHEAD_TARGET else "no" if low > OVERHEAD_TARGET else "unresolved"
+        if busy:
+            verdict = "unresolved: busy machine"
         rows.append({**ident, "library": tasks[0]["library"], "model": tasks[0]["model"],
                      "pairs": tasks[0]["pairs"], "paraflow_step_ms_median": _r(pf["median"] * 1e3, 4),
                      "raw_step_ms_median": _r(raw["median"] * 1e3, 4), "abstraction_overhead": _r(ratio, 4),
@@ -234,12 +238,18 @@ def overhead_rows(cells: list) -> list:
     return rows
 
 
-def build_tables(cells: list) -> dict:
-    """Every table from the cell records: training, allreduce, allreduce_footer, memcpy, overhead."""
+def build_tables(cells: list, header: Optional[dict] = None) -> dict:
+    """Every table from the cell records: training, allreduce, allreduce_footer, memcpy, overhead.
+
+    `header` (results.json's) tells whether the machine was busy, which withholds the abstraction
+    overhead verdict.
+    """
+    from .header import busy_warning
     memcpy = memcpy_rows(cells)
     allreduce, footers = allreduce_rows(cells, memcpy)
+    busy = header is not None and busy_warning(header) is not None
     return {"training": training_rows(cells), "allreduce": allreduce, "allreduce_footer": footers,
-            "memcpy": memcpy, "overhead": overhead_rows(cells)}
+            "memcpy": memcpy, "overhead": overhead_rows(cells, busy)}
 
 
 def format_value(key: str, value) -> str:
