@@ -27,6 +27,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Subset
 
 import paraflow
@@ -78,6 +79,7 @@ def evaluate(backend: paraflow.Backend, model: torch.nn.Module, dataset) -> floa
     return counts[0].item() / counts[1].item()
 
 
+@record  # under torchrun, a failing rank's traceback becomes the job's reported root cause
 def main(argv=None) -> dict:
     args = parse_args(argv)
     options = {"precision": args.precision, "compression": args.compression,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from .debug import debug_enabled, trace
 from .errors import CollectiveError
 
 if TYPE_CHECKING:
@@ -151,6 +152,8 @@ def check_collective(backend: "Backend", collective: str, tensor: Optional[torch
     backend._collective_sequence = sequence
     argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
     mine = _encode(collective, sequence, tensor, argument, _call_site())
+    if debug_enabled():
+        trace(backend.rank, str(_Descriptor(mine.tolist())))
     if backend.device.type == "cuda":
         mine = mine.to(backend.device)
     gathered = backend._allgather(mine)

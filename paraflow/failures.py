@@ -13,6 +13,7 @@ import contextlib
 import re
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
 from torch.nn.parallel import DistributedDataParallel
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .backends.base import Backend
 
 __all__ = ["collective_errors", "translate_collective_error", "startup_errors", "call_with_deadline",
-           "abort_mpi_job_on_uncaught_error",
+           "wait_until", "abort_mpi_job_on_uncaught_error",
            "unused_parameters_error", "CheckedDistributedDataParallel", "is_timeout", "is_peer_lost"]
 
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded|stalled", re.IGNORECASE)
@@ -60,8 +61,11 @@ def _first_line(exc: BaseException, limit: int = 200) -> str:
 
 
 def translate_collective_error(exc: BaseException, *, collective: str, rank: int, world_size: int,
-                               backend: str, timeout: float) -> Optional[CollectiveError]:
+                               backend: str, timeout: float,
+                               waited: float = 0.0) -> Optional[CollectiveError]:
     """The paraflow error for `exc` raised inside `collective`, or None if it is not a communication failure.
+
+    The result keeps `exc` as ``original``, so an outer call can name its own collective.
 
     Args:
         exc: what torch or horovod raised.
@@ -70,39 +74,50 @@ def translate_collective_error(exc: BaseException, *, collective: str, rank: int
         world_size: number of processes in the job.
         backend: the backend's registered name.
         timeout: the configured timeout in seconds.
+        waited: seconds the collective had waited; a broken job found after the whole timeout
+            (horovod shutting itself down) counts as a timeout.
     """
     if isinstance(exc, ParaflowError) or not isinstance(exc, RuntimeError):
         return None
     where = f"{collective} on rank {rank} of {world_size} (backend {backend})"
     peer = _peer(rank, world_size)
     cause = _first_line(exc)
-    if is_timeout(exc):
-        return CollectiveTimeoutError(
+    translated: Optional[CollectiveError] = None
+    if is_timeout(exc) or (is_peer_lost(exc) and waited >= timeout):
+        translated = CollectiveTimeoutError(
             f"{where} timed out: {peer} did not join it within the timeout of {timeout:g} s. "
             f"That rank is stopped, stuck in other work, or called a different collective; its own "
             f"output says which. If the wait is legitimate (a slow checkpoint, a long evaluation on "
             f"one rank), raise the limit with paraflow.init(timeout=SECONDS) or PARAFLOW_TIMEOUT. "
             f"[{type(exc).__name__}: {cause}]")
-    if is_peer_lost(exc):
-        return CollectiveError(
+    elif is_peer_lost(exc):
+        translated = CollectiveError(
             f"{where} failed: the connection to {peer} was lost, so that rank exited or crashed. "
             f"Its own error, or the launcher's summary of failed ranks, says why. "
             f"[{type(exc).__name__}: {cause}]")
-    return None
+    if translated is not None:
+        translated.original = exc
+    return translated
 
 
 @contextlib.contextmanager
 def collective_errors(backend: "Backend", collective: str) -> Iterator[None]:
-    """Context around one collective: communication failures leave it as paraflow errors."""
+    """Context around one collective: communication failures leave it as paraflow errors.
+
+    A failure a backend already translated for one of its own steps is translated again under
+    the name of the collective the user called.
+    """
+    start = time.monotonic()
     try:
         yield
     except RuntimeError as exc:
-        translated = translate_collective_error(
-            exc, collective=collective, rank=backend.rank, world_size=backend.world_size,
-            backend=backend.name, timeout=backend.timeout)
-        if translated is None:
+        original = getattr(exc, "original", None) if isinstance(exc, CollectiveError) else exc
+        translated = original is not None and translate_collective_error(
+            original, collective=collective, rank=backend.rank, world_size=backend.world_size,
+            backend=backend.name, timeout=backend.timeout, waited=time.monotonic() - start)
+        if not translated:
             raise
-        raise translated from exc
+        raise translated from original
 
 
 @contextlib.contextmanager
@@ -174,6 +189,24 @@ def call_with_deadline(fn: Callable[[], _T], seconds: float, what: str) -> _T:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def wait_until(done: Callable[[], bool], seconds: float, what: str) -> None:
+    """Poll `done` (backing off from 10 µs to 0.2 ms) until it is true; fail once `seconds` have passed.
+
+    For libraries whose own wait has no timeout (a horovod handle under the MPI controller).
+
+    Raises:
+        RuntimeError: saying "`what` timed out after `seconds` s" (translated by
+            :func:`collective_errors` into CollectiveTimeoutError).
+    """
+    deadline = time.monotonic() + seconds
+    pause = 1e-5
+    while not done():
+        if time.monotonic() > deadline:
+            raise _DeadlineExceeded(f"{what} timed out after {seconds:g} s")
+        time.sleep(pause)
+        pause = min(2 * pause, 2e-4)
 
 
 def unused_parameters_error(exc: BaseException, module: "nn.Module", rank: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import atexit
 import contextlib
 import datetime
 import os
@@ -126,8 +127,13 @@ class Backend(abc.ABC):
     def __enter__(self) -> "Backend":
         return self.init()
 
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None or self.env is None or self.world_size == 1:
+            self.shutdown()
+        else:
+            # Leaving on an error: stay connected until the process exits, so that its traceback
+            # is printed before the other ranks see it go (and report their own, later, errors).
+            atexit.register(self.shutdown)
 
     def __repr__(self) -> str:
         where = f"rank {self.rank}/{self.world_size}" if self.env else "not initialised"

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import math
 import os
+import time
 from typing import Any, ContextManager, Iterator, Optional
 
 import torch
@@ -19,7 +20,7 @@ from torch import nn
 from ..environment import ProcessEnvironment
 from ..errors import (BackendUnavailableError, CollectiveError, ConfigurationError, LauncherError,
                       ParaflowError)
-from ..failures import translate_collective_error
+from ..failures import call_with_deadline, startup_errors, translate_collective_error, wait_until
 from ..horovod_import import horovod_missing_reason, import_horovod
 from ..scoped_env import ScopedEnv
 from .base import Backend
@@ -167,6 +168,8 @@ class HorovodBackend(Backend):
     def _shutdown(self) -> None:
         global _mpi_finalized_by_horovod
         hvd = self._hvd
+        if getattr(self, "_stuck", False):  # a timed-out wait: horovod.shutdown() would block too
+            hvd = None
         if hvd is not None and self._owns_horovod and hvd.is_initialized():
             mpi = hvd.mpi_enabled()
             try:
@@ -286,7 +289,9 @@ class HorovodBackend(Backend):
                 from ..rendezvous import resolve_master
                 (addr, port), serve = resolve_master(env), True
             self._rendezvous = GlooRendezvous(env, addr, port, serve_store=serve, timeout=self.timeout)
-            self._rendezvous.start()
+            with startup_errors(rank=env.rank, world_size=env.world_size, address=addr, port=port,
+                                timeout=self.timeout, launcher=env.launcher):
+                call_with_deadline(self._rendezvous.start, self.timeout + 10, "the horovod rendezvous")
         elif not os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
             raise LauncherError(
                 "HOROVOD_RANK is set but HOROVOD_GLOO_RENDEZVOUS_ADDR is not: start the job with "
@@ -359,6 +364,7 @@ class HorovodBackend(Backend):
         if state["state"]:
             wrapped.load_state_dict(state)  # keep state loaded into the optimizer before wrapping
         self._broadcast_optimizer_state(hvd, wrapped, model)
+        self._bound_gradient_sync(wrapped)
         self._optimizers.append(wrapped)
         return wrapped
 
@@ -407,19 +413,20 @@ class HorovodBackend(Backend):
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         hvd = self._horovod()
         with self._collective(f"allreduce ({op}) of a {_describe(tensor)}"):
-            return hvd.allreduce_(tensor.contiguous(), name=f"paraflow.allreduce.{op}",
-                                  op=getattr(hvd, _COLLECTIVE_OPS[op]))
+            return self._wait(hvd.allreduce_async_(tensor.contiguous(), name=f"paraflow.allreduce.{op}",
+                                                   op=getattr(hvd, _COLLECTIVE_OPS[op])))
 
     def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         hvd = self._horovod()
         with self._collective(f"broadcast from rank {src} of a {_describe(tensor)}"):
-            return hvd.broadcast_(tensor.contiguous(), root_rank=src, name=f"paraflow.broadcast.{src}")
+            return self._wait(hvd.broadcast_async_(tensor.contiguous(), root_rank=src,
+                                                   name=f"paraflow.broadcast.{src}"))
 
     def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         hvd = self._horovod()
         # One leading row per rank: horovod then requires every other dimension to agree.
         with self._collective(f"allgather of a {_describe(tensor)}"):
-            gathered = hvd.allgather(tensor.reshape(1, *tensor.shape), name="paraflow.allgather")
+            gathered = self._wait(hvd.allgather_async(tensor.reshape(1, *tensor.shape), name="paraflow.allgather"))
         return list(gathered.unbind(0))
 
     def _barrier(self) -> None:
@@ -429,6 +436,37 @@ class HorovodBackend(Backend):
             hvd.barrier()
 
     # ---------------------------------------------------------------- helpers
+    def _wait(self, handle: int) -> Any:
+        """``hvd.synchronize(handle)``, failing after the timeout instead of waiting forever.
+
+        Under the MPI controller horovod's own wait has no timeout: a rank that stops answering
+        would block the others for good. After a timeout horovod's background thread may be
+        stuck, so shutdown leaves horovod alone (MPI_Abort or horovod's exit handler ends it).
+        """
+        self._poll(handle)
+        return self._hvd.synchronize(handle)
+
+    def _poll(self, handle: int) -> None:
+        """Return once `handle` is done; raise after the timeout (see :meth:`_wait`)."""
+        try:
+            wait_until(lambda: self._hvd.poll(handle), self.timeout, "waiting for the other ranks")
+        except RuntimeError:
+            self._stuck = True
+            raise
+
+    def _bound_gradient_sync(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make ``optimizer.step``'s wait for the gradient allreduces fail after the timeout."""
+        synchronize = optimizer.synchronize
+
+        def bounded_synchronize() -> None:
+            with self._collective("gradient allreduce in optimizer.step"):
+                for handle, _ in list(optimizer._handles.values()):
+                    if isinstance(handle, int):
+                        self._poll(handle)
+                return synchronize()
+
+        optimizer.synchronize = bounded_synchronize
+
     def _horovod(self):
         if self._hvd is None or self.controller is None:
             raise ParaflowError(f"backend {self.name!r} is not initialised; call init() first.")
@@ -437,6 +475,7 @@ class HorovodBackend(Backend):
     @contextlib.contextmanager
     def _collective(self, what: str) -> Iterator[None]:
         """Turn horovod's errors into paraflow's, naming the collective and this rank."""
+        start = time.monotonic()
         try:
             yield
         except ValueError as exc:  # horovod refuses the tensor itself (dtype, layout)
@@ -444,7 +483,7 @@ class HorovodBackend(Backend):
         except RuntimeError as exc:  # HorovodInternalError: ranks disagree, or the job broke
             translated = translate_collective_error(  # a timeout or a lost rank: paraflow.failures
                 exc, collective=f"horovod {what}", rank=self.rank, world_size=self.world_size,
-                backend=self.name, timeout=self.timeout)
+                backend=self.name, timeout=self.timeout, waited=time.monotonic() - start)
             if translated is not None:
                 raise translated from exc
             raise CollectiveError(

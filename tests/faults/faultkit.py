@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -33,8 +34,9 @@ def run_worker(launcher: str, nproc: int, script: str, *args, timeout: float = 1
 
 
 def events(text: str) -> list[dict]:
-    """The ``EVENT {json}`` lines workers printed, in order."""
-    return [json.loads(line.split("EVENT ", 1)[1]) for line in text.splitlines() if "EVENT {" in line]
+    """The ``EVENT {json}`` records workers printed, in order (robust to ranks' lines interleaving)."""
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(text, match.end())[0] for match in re.finditer(r"EVENT (?=\{)", text)]
 
 
 @dataclass

@@ -10,11 +10,16 @@ import time
 
 import pytest
 
+from conftest import requires_horovod
 from faultkit import STARTUP_S, TIMEOUT_S, events, run_worker
 
 NPROC, STEPS = 2, 6
-LAUNCHES = [("ddp-gloo", "torchrun"), ("ddp-gloo", "mpirun")]
-IDS = [f"{b}-{l}" for b, l in LAUNCHES]
+LAUNCHES = [
+    pytest.param("ddp-gloo", "torchrun", id="ddp-gloo-torchrun"),
+    pytest.param("ddp-gloo", "mpirun", id="ddp-gloo-mpirun"),
+    pytest.param("horovod", "mpirun", id="horovod-mpirun", marks=requires_horovod),
+    pytest.param("horovod", "horovodrun", id="horovod-horovodrun", marks=requires_horovod),
+]
 #: How soon after a rank dies every other rank must have exited.
 EXIT_BOUND_S = 60
 
@@ -24,6 +29,7 @@ def dead_rank_named(launcher: str, output: str, rank: int) -> bool:
     patterns = {
         "torchrun": rf"rank\s*:\s*{rank} \(local_rank: {rank}\)\s*\n\s*exitcode\s*:\s*-9",
         "mpirun": rf"process rank {rank} with PID \d+ on node \S+ exited on signal 9",
+        "horovodrun": rf"Process name: {rank}\s*\n\s*Exit code: 137",
     }
     return re.search(patterns[launcher], output) is not None
 
@@ -48,7 +54,7 @@ def check_kill(backend, launcher, step):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend, launcher", LAUNCHES, ids=IDS)
+@pytest.mark.parametrize("backend, launcher", LAUNCHES)
 def test_killed_rank_ends_the_job_and_is_named(backend, launcher):
     check_kill(backend, launcher, step=3)
 
@@ -56,13 +62,13 @@ def test_killed_rank_ends_the_job_and_is_named(backend, launcher):
 @pytest.mark.soak
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("repetition", range(20))
-@pytest.mark.parametrize("backend, launcher", LAUNCHES, ids=IDS)
+@pytest.mark.parametrize("backend, launcher", LAUNCHES)
 def test_soak_killed_rank_at_a_random_step(backend, launcher, repetition):
     check_kill(backend, launcher, step=random.Random(repetition).randint(1, STEPS))
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend, launcher", LAUNCHES, ids=IDS)
+@pytest.mark.parametrize("backend, launcher", LAUNCHES)
 def test_raising_rank_traceback_comes_first(backend, launcher):
     result, seen, fault, ended = run_fault(backend, launcher, "raise")
     assert result.returncode != 0
@@ -77,9 +83,19 @@ def test_raising_rank_traceback_comes_first(backend, launcher):
         assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", root) and "InjectedFailure" in root, root
 
 
+def _stall_cases():
+    """Every launch with both faults; the two slowest (torchrun and horovodrun wait 30 s before
+    they SIGKILL a stopped rank) run in the soak mode only, to keep the default run short."""
+    for launch in LAUNCHES:
+        backend, launcher = launch.values
+        for fault in ("stop", "skip"):
+            slow = fault == "stop" and launcher in ("torchrun", "horovodrun")
+            marks = [*launch.marks, *([pytest.mark.soak] if slow else [])]
+            yield pytest.param(backend, launcher, fault, id=f"{launch.id}-{fault}", marks=marks)
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("fault", ["stop", "skip"])
-@pytest.mark.parametrize("backend, launcher", LAUNCHES, ids=IDS)
+@pytest.mark.parametrize("backend, launcher, fault", list(_stall_cases()))
 def test_unanswering_rank_gives_a_timeout_naming_the_collective(backend, launcher, fault):
     result, seen, injected, _ = run_fault(backend, launcher, fault)
     errors = [e for e in seen if e.get("rank") == 0 and e.get("error")]

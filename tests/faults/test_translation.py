@@ -118,3 +118,29 @@ def test_describe_groups_ranks_with_the_same_call():
     a, b = _descriptor(), _descriptor(tensor=torch.ones(4))
     text = describe([a, a, b])
     assert text.startswith("ranks 0, 1 called allreduce(float32[3]") and "rank 2 called allreduce(float32[4]" in text
+
+
+def test_horovod_shut_down_after_the_whole_timeout_counts_as_a_timeout():
+    err = translate_collective_error(HOROVOD_DOWN, collective="allreduce", rank=0, world_size=2,
+                                     backend="horovod", timeout=10, waited=10.5)
+    assert isinstance(err, CollectiveTimeoutError) and err.original is HOROVOD_DOWN
+
+
+def test_an_inner_translation_is_renamed_after_the_users_collective():
+    from types import SimpleNamespace
+
+    from paraflow.failures import collective_errors
+    backend = SimpleNamespace(rank=1, world_size=2, name="horovod", timeout=10)
+    inner = translate(GLOO_TIMEOUT)  # what a backend's own step raised, named after that step
+    with pytest.raises(CollectiveTimeoutError, match=r"^broadcast on rank 1 of 2") as info:
+        with collective_errors(backend, "broadcast"):
+            raise inner
+    assert info.value.__cause__ is GLOO_TIMEOUT
+
+
+def test_wait_until_returns_when_done_and_fails_after_the_deadline():
+    from paraflow.failures import wait_until
+    calls = iter([False, False, True])
+    wait_until(lambda: next(calls), 5, "polling")
+    with pytest.raises(RuntimeError, match="polling timed out after 0.05 s"):
+        wait_until(lambda: False, 0.05, "polling")

@@ -13,7 +13,6 @@ Every step runs a forward and backward pass (gradients synchronised by the backe
 it is about to do, any error that leaves ``main`` (type, message, wall time), and ``done``.
 """
 
-import json
 import os
 import signal
 import sys
@@ -25,11 +24,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 import paraflow
 from paraflow.models import build_model
+from report import emit
 
 
 def event(**fields) -> None:
     """One machine-readable line for the test, flushed at once."""
-    print("EVENT " + json.dumps({**fields, "time": time.time()}), flush=True)
+    emit({**fields, "time": time.time()})
 
 
 class InjectedFailure(RuntimeError):
