@@ -105,8 +105,8 @@ class _Descriptor:
 
 _WHAT = {
     "collective": "ranks called different collectives",
-    "sequence": ("ranks are at different collectives: a rank skipped or repeated one (a collective "
-                 "inside a branch that not every rank takes?)"),
+    "sequence": ("ranks have made different numbers of paraflow collectives (a backend created "
+                 "again on some ranks only?)"),
     "dtype": "the tensor's dtype differs across ranks",
     "shape": "the tensor's shape differs across ranks",
     "argument": "ranks passed different arguments",
@@ -128,7 +128,7 @@ def describe(descriptors: list[_Descriptor]) -> str:
 def _mismatch(descriptors: list[_Descriptor]) -> Optional[str]:
     if not all(d.valid for d in descriptors):
         return "a rank is inside a different collective"
-    for field in ("collective", "sequence", "dtype", "shape", "argument"):
+    for field in ("collective", "dtype", "shape", "argument", "sequence"):
         if len({d.key(field) for d in descriptors}) > 1:
             return _WHAT[field]
     return None
@@ -139,7 +139,8 @@ def check_collective(backend: "Backend", collective: str, tensor: Optional[torch
     """Raise CollectiveError on every rank unless all ranks are about to run the same collective.
 
     Call on every rank right before the collective itself. Costs one allgather of
-    ``DESCRIPTOR_WORDS`` int64 values through the backend's own ``_allgather``.
+    ``DESCRIPTOR_WORDS`` int64 values through the backend's own ``_allgather`` (on gloo an
+    allgather of 30 values measured half the time of an allreduce of 28).
 
     Args:
         backend: an initialised multi-process backend.
@@ -156,8 +157,11 @@ def check_collective(backend: "Backend", collective: str, tensor: Optional[torch
         trace(backend.rank, str(_Descriptor(mine.tolist())))
     if backend.device.type == "cuda":
         mine = mine.to(backend.device)
-    gathered = backend._allgather(mine)
-    descriptors = [_Descriptor(t.cpu().tolist()) for t in gathered]
+    gathered = torch.stack(backend._allgather(mine)).cpu()
+    compared = gathered[:, :_HEADER + _MAX_DIMS]  # everything but the call site
+    if bool((compared == compared[0]).all()):
+        return
+    descriptors = [_Descriptor(row) for row in gathered.tolist()]
     problem = _mismatch(descriptors)
     if problem:
         raise CollectiveError(

@@ -10,6 +10,8 @@ world size. The original exception stays chained (``raise ... from``).
 from __future__ import annotations
 
 import contextlib
+import datetime
+import os
 import re
 import sys
 import threading
@@ -26,12 +28,13 @@ if TYPE_CHECKING:
     from .backends.base import Backend
 
 __all__ = ["collective_errors", "translate_collective_error", "startup_errors", "call_with_deadline",
-           "wait_until", "abort_mpi_job_on_uncaught_error",
+           "wait_until", "abort_mpi_job_on_uncaught_error", "store_for_this_attempt",
            "unused_parameters_error", "CheckedDistributedDataParallel", "is_timeout", "is_peer_lost"]
 
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded|stalled", re.IGNORECASE)
 _PEER_LOST = re.compile(r"connection (?:closed|reset|refused)|broken pipe|end of file|\beof\b|"
-                        r"socket (?:closed|shut)|has been shut down|peer", re.IGNORECASE)
+                        r"socket (?:closed|shut)|has been shut down|remote process exited|"
+                        r"communicator was aborted", re.IGNORECASE)
 _CLIENTS_JOINED = re.compile(r"(\d+)/(\d+) clients joined")
 _ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 _UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank \d+: ([^\n]+)")
@@ -239,6 +242,22 @@ def unused_parameters_error(exc: BaseException, module: "nn.Module", rank: int,
         f"requires_grad=False before wrap_model. Horovod needs no option: its "
         f"DistributedOptimizer allreduces a zero gradient for a parameter that got none (so "
         f"momentum and weight decay still move it); freeze such parameters there too.")
+
+
+def store_for_this_attempt(address: str, port: int, world_size: int, timeout: float):
+    """torchrun's agent store under a prefix for this restart attempt, or None without an agent store.
+
+    torchrun's static rendezvous (the default with --master_addr/--master_port) keeps one store
+    across restarts and torch adds no per-attempt prefix, so a restarted rank can read the
+    address a killed rank published before and fail to connect (seen here in about half the
+    restarts). A prefix per TORCHELASTIC_RESTART_COUNT keeps the attempts apart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+    store = dist.TCPStore(address, port, world_size, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    return dist.PrefixStore(f"/paraflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def abort_mpi_job_on_uncaught_error() -> None:

@@ -24,7 +24,10 @@ from ..sharding import ShardSampler
 __all__ = ["Backend", "LocalCollectives", "REDUCE_OPS", "DEFAULT_TIMEOUT_S"]
 
 REDUCE_OPS = ("sum", "mean", "min", "max")
-DEFAULT_TIMEOUT_S = 1800.0
+#: Seconds a collective or the start-up rendezvous may wait (PARAFLOW_TIMEOUT overrides it): long
+#: enough for a rank-0 checkpoint write or evaluation, short enough that a hung job frees its
+#: machines within minutes; torch's own default for NCCL. See README, "Failures".
+DEFAULT_TIMEOUT_S = 600.0
 
 
 def _cores() -> int:
@@ -44,7 +47,7 @@ class Backend(abc.ABC):
         name: the registered name this backend was created under.
         num_threads: torch threads per process on CPU (default: cores // local processes,
             or PARAFLOW_NUM_THREADS).
-        timeout: seconds a collective may wait before failing (default 1800).
+        timeout: seconds a collective may wait before failing (default 600, or PARAFLOW_TIMEOUT).
         world_size: the number of processes you expect; a mismatch with the launcher fails.
         device: "cpu" or "cuda" (default: CUDA when the backend uses it and it is available).
         precision: "fp32" (default), "bf16" or "fp16": the dtype :meth:`autocast` computes in;

@@ -13,7 +13,8 @@ from torch.nn.parallel import DistributedDataParallel
 from ..compression import register_ddp_compression
 from ..debug import debug_enabled, enable_torch_debug
 from ..errors import ConfigurationError
-from ..failures import CheckedDistributedDataParallel, call_with_deadline, startup_errors
+from ..failures import (CheckedDistributedDataParallel, call_with_deadline, startup_errors,
+                        store_for_this_attempt)
 from ..rendezvous import resolve_master
 from .base import Backend
 
@@ -102,9 +103,11 @@ class DDPBackend(Backend):
         def start() -> None:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)  # the helper thread's own current device
-            dist.init_process_group(self.transport, init_method=init_method, rank=env.rank,
-                                    world_size=env.world_size,
-                                    timeout=datetime.timedelta(seconds=self.timeout), **kwargs)
+            store = (store_for_this_attempt(addr, port, env.world_size, self.timeout)
+                     if env.launcher == "torchrun" else None)  # torchrun restarts reuse its store
+            where = {"store": store} if store is not None else {"init_method": init_method}
+            dist.init_process_group(self.transport, rank=env.rank, world_size=env.world_size,
+                                    timeout=datetime.timedelta(seconds=self.timeout), **where, **kwargs)
 
         with startup_errors(rank=env.rank, world_size=env.world_size, address=addr, port=port,
                             timeout=self.timeout, launcher=env.launcher):

@@ -17,7 +17,7 @@ def torchrun_with_restarts(args, restarts):
     at = command.index("torch.distributed.run") + 1
     command[at:at] = ["--max-restarts", str(restarts)]
     result = run_launch(command, timeout=2 * STARTUP_S + 60, env=variables, cwd=str(ROOT))
-    assert not result.timed_out and result.returncode == 0, result.stderr[-4000:]
+    assert not result.timed_out and result.returncode == 0, result.stdout + result.stderr
     return events(result.stdout)
 
 

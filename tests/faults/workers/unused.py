@@ -3,10 +3,11 @@
 Usage: <launcher> python tests/faults/workers/unused.py BACKEND [OPTION=VALUE ...]
 Options go to paraflow.init (find_unused_parameters=1 is passed as True). Every rank prints
 ``EVENT {json}``: "ok" with a checksum of its parameters after 3 steps, or the error's type
-and message.
+and message, with the seconds since the first step began.
 """
 
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ def main(name: str, options: list) -> None:
         torch.manual_seed(0)
         model = backend.wrap_model(PartlyUsed())
         optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        start = time.perf_counter()
         try:
             for step in range(3):
                 torch.manual_seed(100 + backend.rank * 10 + step)
@@ -45,7 +47,7 @@ def main(name: str, options: list) -> None:
             fields = {"outcome": "ok", "checksum": checksum}
         except Exception as exc:  # noqa: BLE001 - reported to the test
             fields = {"outcome": "error", "type": type(exc).__name__, "message": str(exc)}
-        emit({"rank": backend.rank, **fields})
+        emit({"rank": backend.rank, **fields, "seconds": time.perf_counter() - start})
 
 
 if __name__ == "__main__":
