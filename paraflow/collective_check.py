@@ -139,8 +139,8 @@ def check_collective(backend: "Backend", collective: str, tensor: Optional[torch
     """Raise CollectiveError on every rank unless all ranks are about to run the same collective.
 
     Call on every rank right before the collective itself. Costs one allgather of
-    ``DESCRIPTOR_WORDS`` int64 values through the backend's own ``_allgather`` (on gloo an
-    allgather of 30 values measured half the time of an allreduce of 28).
+    ``DESCRIPTOR_WORDS`` int64 values through the backend's own ``_allgather`` (on gloo, an
+    allgather of a few dozen int64 values took half the time of an allreduce of as many).
 
     Args:
         backend: an initialised multi-process backend.
