@@ -3,12 +3,14 @@
 | value | DDP | Horovod |
 |---|---|---|
 | none | plain allreduce | ``hvd.Compression.none`` |
-| fp16 | ``default_hooks.fp16_compress_hook`` | ``hvd.Compression.fp16`` |
-| bf16 | ``default_hooks.bf16_compress_hook`` | not supported (its allreduce refuses bfloat16) |
+| fp16 | hook doing torch's ``fp16_compress_hook`` | ``hvd.Compression.fp16`` |
+| bf16 | hook doing torch's ``bf16_compress_hook`` | not supported (its allreduce refuses bfloat16) |
 
-Over gloo, torch's bf16 hook is registered under another name: DDP refuses a hook named
+The DDP hooks (`paraflow.comm_hooks.compress_hook`) do what torch's do, with their continuation
+tracked so that the process exits safely after them, and under a name that DDP does not refuse
+for bf16 over gloo (it refuses a hook named
 ``bf16_compress_hook`` unless NCCL >= 2.10 is present, a check meant for NCCL, while gloo reduces
-bfloat16 itself.
+bfloat16 itself).
 
 One-process backends (single, dp) communicate no gradients, so they accept ``none`` only.
 """
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import torch
 from torch import nn
 
+from .comm_hooks import compress_hook
 from .errors import ConfigurationError
 
 __all__ = ["COMPRESSIONS", "check_compression", "register_ddp_compression"]
@@ -46,27 +50,20 @@ def check_compression(backend: str, compression: str, supported: Iterable[str], 
     return compression
 
 
-def _bf16_compress_over_gloo(state, bucket):  # unannotated: DDP checks hook annotations
-    """torch's ``bf16_compress_hook``, under a name DDP does not reserve for NCCL."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    return default_hooks.bf16_compress_hook(state, bucket)
-
-
 def register_ddp_compression(model: nn.Module, compression: str, transport: str) -> None:
-    """Register torch's fp16/bf16 compression communication hook on a DistributedDataParallel model.
+    """Register an fp16/bf16 compression communication hook on a DistributedDataParallel model.
 
-    The hooks cast each gradient bucket to the 16-bit type, divide by the world size, allreduce,
-    and cast back, so gradients cross the wire at half their size.
+    The hooks are torch's ``fp16_compress_hook`` / ``bf16_compress_hook`` (see
+    `paraflow.comm_hooks.compress_hook`): each gradient bucket is cast to the 16-bit type, divided
+    by the world size, allreduced, and cast back, so gradients cross the wire at half their size.
 
     Args:
         model: the DistributedDataParallel module.
         compression: "none", "fp16" or "bf16".
-        transport: the process group's backend, "nccl" or "gloo".
+        transport: the process group's backend, "nccl" or "gloo" (bf16 over NCCL is checked at
+            construction).
     """
     if compression == "none":
         return
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    hook = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}[compression]
-    if compression == "bf16" and transport != "nccl":
-        hook = _bf16_compress_over_gloo
-    model.register_comm_hook(state=None, hook=hook)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[compression]
+    model.register_comm_hook(state=None, hook=compress_hook(dtype))

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..comm_hooks import release_continuations
 from ..compression import register_ddp_compression
 from ..debug import debug_enabled, enable_torch_debug
 from ..errors import ConfigurationError
@@ -116,6 +117,7 @@ class DDPBackend(Backend):
         self._owns_group = True
 
     def _shutdown(self) -> None:
+        release_continuations()  # a gloo thread still releasing a hook's continuation needs the GIL
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False

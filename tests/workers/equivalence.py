@@ -67,12 +67,14 @@ def _count_gradient_messages(model, optimizer) -> list:
             counter[0] += 1
             return start(p)
         optimizer._allreduce_grad_async = counting
-    elif hasattr(model, "register_comm_hook"):  # DDP
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    elif hasattr(model, "register_comm_hook"):  # DDP: its plain averaging allreduce, counted
+        import torch.distributed as dist
+        from paraflow.comm_hooks import tracked_then
 
         def hook(state, bucket):
             counter[0] += 1
-            return allreduce_hook(state, bucket)
+            buffer = bucket.buffer().div_(dist.get_world_size())
+            return tracked_then(dist.all_reduce(buffer, async_op=True).get_future(), lambda fut: fut.value()[0])
         model.register_comm_hook(None, hook)
     return counter
 

@@ -1,0 +1,70 @@
+"""The tracked continuations of paraflow's DDP communication hooks."""
+
+import os
+import threading
+
+import pytest
+import torch
+
+from paraflow.comm_hooks import compress_hook, pending_continuations, release_continuations, tracked_then
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_release_waits_for_the_thread_that_ran_the_continuation():
+    """A continuation that ran but is still held by its thread counts as pending until let go."""
+    parent = torch.futures.Future()
+    child = tracked_then(parent, lambda fut: fut.value() + 1)
+    gate = threading.Event()
+    child.then(lambda _: gate.wait(10))  # runs in the completing thread, after child completes
+    thread = threading.Thread(target=parent.set_result, args=(torch.tensor(1),))
+    thread.start()
+    assert child.wait() == 2
+    try:
+        assert pending_continuations() == 1
+        assert release_continuations(timeout=0.2) is False
+    finally:
+        gate.set()
+    assert release_continuations(timeout=10) is True
+    assert pending_continuations() == 0
+    thread.join(10)
+
+
+def test_a_continuation_that_never_ran_is_not_waited_for():
+    never = torch.futures.Future()
+    tracked_then(never, lambda fut: fut.value())
+    assert pending_continuations() == 0
+    assert release_continuations(timeout=0.1) is True
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compress_hook_names_avoid_ddps_nccl_only_check(dtype):
+    """DDP refuses a hook named bf16_compress_hook without NCCL; ours must not carry that name."""
+    name = compress_hook(dtype).__name__
+    assert name.endswith("_compress") and name != "bf16_compress_hook"
+
+
+@pytest.mark.parametrize("kind", ["torch", "paraflow"])
+def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, python):
+    """Deterministic form of an abort at exit: gloo's thread wants the GIL during shutdown.
+
+    With torch's own hook the process aborts ("terminate called without an active exception")
+    after a successful backward; with paraflow's it waits for the release and exits 0.
+    """
+    import resource
+    import subprocess
+
+    from conftest import ROOT, RANK_ENV, WORKERS
+    from paraflow.environment import free_port
+
+    result = subprocess.run([python, str(WORKERS / "hook_exit.py"), kind, str(free_port())],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT,
+                            env={**os.environ, **RANK_ENV},
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+    assert "backward done" in result.stdout, result.stderr[-3000:]
+    if kind == "torch":
+        assert result.returncode != 0 and "terminate called" in result.stderr, (
+            f"torch's hook no longer aborts at exit (exit {result.returncode}); "
+            "paraflow.comm_hooks' release wait may be unnecessary now")
+    else:
+        assert result.returncode == 0, result.stderr[-3000:]
