@@ -6,7 +6,6 @@ The run's terminal tables, JSON, CSV, Markdown and plots must all be there and a
 import csv
 import json
 import sys
-from pathlib import Path
 
 import pytest
 

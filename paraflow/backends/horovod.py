@@ -2,14 +2,13 @@
 
 The controller follows the launcher: MPI under ``mpirun`` (Open MPI, MPICH, MVAPICH2), gloo under
 ``horovodrun --gloo``, and gloo through rank 0's own horovod rendezvous server under ``torchrun``,
-``srun`` and plain ``python`` (see :mod:`paraflow.horovod_rendezvous`).
+``srun`` and plain ``python`` (see :mod:`paraflow.horovod_rendezvous`); starting it lives in
+:mod:`paraflow.backends.horovod_start`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import math
 import os
 import time
 from typing import Any, ContextManager, Iterator, Optional
@@ -18,12 +17,13 @@ import torch
 from torch import nn
 
 from ..environment import ProcessEnvironment
-from ..errors import (BackendUnavailableError, CollectiveError, ConfigurationError, LauncherError,
-                      ParaflowError)
-from ..failures import call_with_deadline, startup_errors, translate_collective_error, wait_until
+from ..errors import CollectiveError, ConfigurationError, ParaflowError
+from ..failures import translate_collective_error, wait_until
 from ..horovod_import import horovod_missing_reason, import_horovod
 from ..scoped_env import ScopedEnv
 from .base import Backend
+from .horovod_start import (check_horovod_world, choose_controller, note_mpi_shut_down, set_knobs,
+                            start_gloo, start_mpi)
 
 __all__ = ["HorovodBackend", "HOROVOD_OPTIONS", "COMPRESSIONS", "REDUCE_OPS", "CONTROLLERS"]
 
@@ -37,23 +37,8 @@ CONTROLLERS = ("auto", "mpi", "gloo")
 
 _COLLECTIVE_OPS = {"sum": "Sum", "mean": "Average", "min": "Min", "max": "Max"}
 _GRADIENT_OPS = {"average": "Average", "sum": "Sum", "adasum": "Adasum"}
-_MPI_LAUNCHERS = ("openmpi", "mpich", "mvapich2")
 # Added to every gradient's pass counter inside no_sync, so horovod's hooks never reach zero there.
 _NO_SYNC_PASSES = 1 << 30
-
-_mpi_finalized_by_horovod = False  # MPI cannot start twice in one process
-_mpi_session_ran = False  # after one, horovod 0.28.1 builds gloo contexts from its dead MPI communicator
-# Tuning knobs fixed by earlier horovod sessions in this process (None: horovod never started here).
-_TUNED_KNOBS = {"HOROVOD_FUSION_THRESHOLD": "fusion_threshold_mb", "HOROVOD_CYCLE_TIME": "cycle_time_ms"}
-_knobs_fixed_before: Optional[frozenset] = None
-
-
-def _commands(world_size: int) -> str:
-    n = max(world_size, 2)
-    return (f"`mpirun -np {n} python train.py --backend horovod` (MPI controller) or "
-            f"`horovodrun -np {n} -H localhost:{n} --gloo python train.py --backend horovod` "
-            "(gloo controller)")
-
 
 class HorovodBackend(Backend):
     """Horovod's DistributedOptimizer and collectives, under any launcher.
@@ -140,19 +125,21 @@ class HorovodBackend(Backend):
     def _init(self) -> None:
         hvd = self._hvd = import_horovod()
         if hvd.is_initialized():  # the user started horovod already: join it, leave it running
-            self._check_horovod_world(hvd)
+            check_horovod_world(hvd, self.env)
             self.controller = "mpi" if hvd.mpi_enabled() else "gloo"
             self._check_reduce_op()
             return
         try:
-            controller = self._choose_controller(hvd)
-            self._set_knobs()
+            controller = choose_controller(hvd, self.env, self.requested_controller)
+            set_knobs(self._env_vars, fusion_threshold_mb=self.fusion_threshold_mb,
+                      cycle_time_ms=self.cycle_time_ms, timeout=self.timeout,
+                      timeout_given=self._timeout_given)
             if controller == "mpi":
-                self._start_mpi(hvd)
+                self._uses_mpi4py = start_mpi(hvd, self._env_vars)
             else:
-                self._start_gloo(hvd)
+                self._rendezvous = start_gloo(hvd, self.env, self.timeout)
             self._owns_horovod = True
-            self._check_horovod_world(hvd)
+            check_horovod_world(hvd, self.env)
             self.controller = "mpi" if hvd.mpi_enabled() else "gloo"
             self._check_reduce_op()
         except BaseException:
@@ -166,7 +153,6 @@ class HorovodBackend(Backend):
         super().__exit__(exc_type, *rest)
 
     def _shutdown(self) -> None:
-        global _mpi_finalized_by_horovod
         hvd = self._hvd
         if getattr(self, "_stuck", False):  # a timed-out wait: horovod.shutdown() would block too
             hvd = None
@@ -179,7 +165,7 @@ class HorovodBackend(Backend):
                 pass
             hvd.shutdown()
             if mpi and not self._uses_mpi4py:
-                _mpi_finalized_by_horovod = True
+                note_mpi_shut_down()
         self._owns_horovod = False
         if self._rendezvous is not None:
             self._rendezvous.close()
@@ -188,125 +174,6 @@ class HorovodBackend(Backend):
         self._optimizers.clear()
         self._leaving_on_error = False
         self.controller = None
-
-    def _choose_controller(self, hvd) -> str:
-        env, want = self.env, self.requested_controller
-        if env.launcher == "horovodrun":
-            if want == "mpi":
-                raise LauncherError(
-                    "controller='mpi' was asked for, but horovodrun --gloo started this process; "
-                    f"for the MPI controller launch with `mpirun -np {env.world_size} python "
-                    "train.py --backend horovod`.")
-            return "gloo"
-        if env.launcher in _MPI_LAUNCHERS or (env.launcher == "slurm" and want == "mpi"):
-            if want == "auto":
-                want = "mpi" if hvd.mpi_built() else "gloo"
-        elif want == "mpi":
-            raise LauncherError(
-                f"horovod's MPI controller needs an MPI launcher, but {env.launcher} started this "
-                f"process. Launch with {_commands(env.world_size)}, or use controller='gloo'.")
-        elif want == "auto":
-            want = "gloo" if hvd.gloo_built() or not hvd.mpi_built() else "mpi"
-        built = hvd.mpi_built() if want == "mpi" else hvd.gloo_built()
-        if not built:
-            raise BackendUnavailableError(
-                f"horovod was built without {want.upper() if want == 'mpi' else want}, which "
-                f"{env.launcher} needs here. Launch with {_commands(env.world_size)} as this build "
-                "allows, or rebuild horovod with `paraflow build-horovod --force`.")
-        return want
-
-    def _set_knobs(self) -> None:
-        """HOROVOD_* variables from the options; read by ``hvd.init()``, restored at shutdown."""
-        knobs: dict[str, str] = {}
-        if self.fusion_threshold_mb is not None:
-            knobs["HOROVOD_FUSION_THRESHOLD"] = str(int(self.fusion_threshold_mb * 1024 * 1024))
-        if self.cycle_time_ms is not None:
-            knobs["HOROVOD_CYCLE_TIME"] = repr(float(self.cycle_time_ms))
-        seconds = max(1, math.ceil(self.timeout))
-        timeouts = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(seconds),
-                    "HOROVOD_STALL_CHECK_TIME_SECONDS": str(min(60, seconds)),
-                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(seconds)}
-        for key, value in timeouts.items():  # an explicit timeout wins over the shell's HOROVOD_*
-            if self._timeout_given or key not in os.environ:
-                knobs[key] = value
-        self._env_vars.set(knobs)
-        self._check_restart_knobs()
-
-    def _check_restart_knobs(self) -> None:
-        """Refuse a restart that horovod 0.28.1's tuner would crash on or silently get wrong.
-
-        Its parameter manager outlives ``hvd.shutdown()``: a fusion threshold or cycle time fixed in
-        one session stays fixed in the next, and once both have been fixed ``hvd.init()`` segfaults.
-        """
-        global _knobs_fixed_before
-        now = frozenset(k for k in _TUNED_KNOBS if k in os.environ)
-        before, _knobs_fixed_before = _knobs_fixed_before, (_knobs_fixed_before or frozenset()) | now
-        if not before or (before == now and len(now) == 1):
-            return
-        _knobs_fixed_before = before
-        names = " and ".join(sorted(_TUNED_KNOBS[k] for k in before | now))
-        raise ConfigurationError(
-            f"horovod cannot restart in this process with these tuning options: it keeps {names} "
-            "(HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME) from one session to the next and "
-            "crashes once both have been set. Start each horovod session with these options in a "
-            "new process, or keep the same single option in every session.")
-
-    def _start_mpi(self, hvd) -> None:
-        if _mpi_finalized_by_horovod:
-            raise ConfigurationError(
-                "horovod already shut MPI down in this process, and MPI cannot start twice. "
-                "Install mpi4py (`pip install mpi4py`) so MPI stays up between horovod sessions, "
-                "or start horovod once per process.")
-        try:  # mpi4py owns MPI_Init/Finalize when present, so horovod can start again later
-            from mpi4py import MPI
-            if not MPI.Is_initialized():
-                MPI.Init_thread(MPI.THREAD_MULTIPLE)
-                atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
-            self._uses_mpi4py = True
-        except ImportError:
-            self._uses_mpi4py = False
-        global _mpi_session_ran
-        self._env_vars.set({"HOROVOD_CONTROLLER": "mpi"})
-        _mpi_session_ran = True
-        hvd.init()
-
-    def _start_gloo(self, hvd) -> None:
-        env = self.env
-        if _mpi_session_ran:
-            raise ConfigurationError(
-                "horovod ran with its MPI controller earlier in this process and cannot switch to "
-                "gloo afterwards (it would build gloo from MPI's closed communicator and abort). "
-                "Use the MPI controller again (controller='mpi'), or a new process.")
-        if env.launcher != "horovodrun":
-            from ..horovod_rendezvous import GlooRendezvous
-            if env.launcher == "torchrun":
-                if not (env.master_addr and env.master_port):
-                    raise LauncherError("torchrun set no MASTER_ADDR/MASTER_PORT; relaunch with torchrun.")
-                # torchrun's agent serves a store there; without it (rare) rank 0 serves one.
-                serve = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-                addr, port = env.master_addr, env.master_port
-            else:
-                from ..rendezvous import resolve_master
-                (addr, port), serve = resolve_master(env), True
-            self._rendezvous = GlooRendezvous(env, addr, port, serve_store=serve, timeout=self.timeout)
-            with startup_errors(rank=env.rank, world_size=env.world_size, address=addr, port=port,
-                                timeout=self.timeout, launcher=env.launcher):
-                call_with_deadline(self._rendezvous.start, self.timeout + 10, "the horovod rendezvous")
-        elif not os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
-            raise LauncherError(
-                "HOROVOD_RANK is set but HOROVOD_GLOO_RENDEZVOUS_ADDR is not: start the job with "
-                f"`horovodrun -np {env.world_size} -H localhost:{env.world_size} --gloo python "
-                "train.py --backend horovod`.")
-        hvd.init()
-
-    def _check_horovod_world(self, hvd) -> None:
-        env = self.env
-        if (hvd.size(), hvd.rank()) != (env.world_size, env.rank):
-            raise LauncherError(
-                f"{env.launcher} says this is rank {env.rank} of {env.world_size}, but horovod "
-                f"started as rank {hvd.rank()} of {hvd.size()}: its MPI library does not belong to "
-                f"this launcher (horovod here was built against another MPI). Launch with "
-                f"{_commands(env.world_size)}.")
 
     def _check_reduce_op(self) -> None:
         if self.reduce_op == "adasum" and self.controller != "mpi" and self.device.type != "cuda":
