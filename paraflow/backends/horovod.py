@@ -40,6 +40,7 @@ _GRADIENT_OPS = {"average": "Average", "sum": "Sum", "adasum": "Adasum"}
 # Added to every gradient's pass counter inside no_sync, so horovod's hooks never reach zero there.
 _NO_SYNC_PASSES = 1 << 30
 
+
 class HorovodBackend(Backend):
     """Horovod's DistributedOptimizer and collectives, under any launcher.
 
