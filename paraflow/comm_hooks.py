@@ -13,12 +13,13 @@ is released.
 from __future__ import annotations
 
 import atexit
-import time
 import weakref
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+
+from .failures import DeadlineExceeded, wait_until
 
 __all__ = ["compress_hook", "pending_continuations", "release_continuations", "tracked_then"]
 
@@ -61,13 +62,11 @@ def release_continuations(timeout: float = 5.0) -> bool:
     Continuations that have not run (their communication is still pending, for example because a
     peer died) are not waited for. Returns True when none is left, False after `timeout` seconds.
     """
-    deadline = time.monotonic() + timeout
-    while pending_continuations():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.001)
+    try:
+        wait_until(lambda: not pending_continuations(), timeout, "releasing DDP hook continuations")
+    except DeadlineExceeded:
+        return False
     return True
-
 
 def compress_hook(dtype: torch.dtype) -> Callable[[Any, dist.GradBucket], torch.futures.Future]:
     """torch's ``fp16_compress_hook`` / ``bf16_compress_hook`` for `dtype`, with a tracked continuation.

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .backends.base import Backend
 
 __all__ = ["collective_errors", "translate_collective_error", "startup_errors", "call_with_deadline",
-           "wait_until", "abort_mpi_job_on_uncaught_error", "store_for_this_attempt",
+           "wait_until", "DeadlineExceeded", "abort_mpi_job_on_uncaught_error", "store_for_this_attempt",
            "unused_parameters_error", "CheckedDistributedDataParallel", "is_timeout", "is_peer_lost"]
 
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded|stalled", re.IGNORECASE)
@@ -165,7 +165,7 @@ def startup_errors(*, rank: int, world_size: int, address: Optional[str], port: 
 _T = TypeVar("_T")
 
 
-class _DeadlineExceeded(RuntimeError):
+class DeadlineExceeded(RuntimeError):
     """A blocking call that did not return in time (its message says "timed out")."""
 
 
@@ -188,7 +188,7 @@ def call_with_deadline(fn: Callable[[], _T], seconds: float, what: str) -> _T:
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        raise _DeadlineExceeded(f"{what} timed out after {seconds:g} s")
+        raise DeadlineExceeded(f"{what} timed out after {seconds:g} s")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -207,7 +207,7 @@ def wait_until(done: Callable[[], bool], seconds: float, what: str) -> None:
     pause = 1e-5
     while not done():
         if time.monotonic() > deadline:
-            raise _DeadlineExceeded(f"{what} timed out after {seconds:g} s")
+            raise DeadlineExceeded(f"{what} timed out after {seconds:g} s")
         time.sleep(pause)
         pause = min(2 * pause, 2e-4)
 
