@@ -145,31 +145,27 @@ def start_gloo(hvd, env: ProcessEnvironment, timeout: float):
             "gloo afterwards (it would build gloo from MPI's closed communicator and abort). "
             "Use the MPI controller again (controller='mpi'), or a new process.")
     rendezvous = None
-    if env.launcher != "horovodrun":
-        from ..horovod_rendezvous import GlooRendezvous
-        if env.launcher == "torchrun":
-            if not (env.master_addr and env.master_port):
-                raise LauncherError("torchrun set no MASTER_ADDR/MASTER_PORT; relaunch with torchrun.")
-            # torchrun's agent serves a store there; without it (rare) rank 0 serves one.
-            serve = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-            addr, port = env.master_addr, env.master_port
-        else:
-            from ..rendezvous import resolve_master
-            (addr, port), serve = resolve_master(env), True
-        rendezvous = GlooRendezvous(env, addr, port, serve_store=serve, timeout=timeout)
-        try:
+    try:
+        if env.launcher != "horovodrun":
+            from ..horovod_rendezvous import GlooRendezvous
+            if env.launcher == "torchrun":
+                if not (env.master_addr and env.master_port):
+                    raise LauncherError("torchrun set no MASTER_ADDR/MASTER_PORT; relaunch with torchrun.")
+                # torchrun's agent serves a store there; without it (rare) rank 0 serves one.
+                serve = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+                addr, port = env.master_addr, env.master_port
+            else:
+                from ..rendezvous import resolve_master
+                (addr, port), serve = resolve_master(env), True
+            rendezvous = GlooRendezvous(env, addr, port, serve_store=serve, timeout=timeout)
             with startup_errors(rank=env.rank, world_size=env.world_size, address=addr, port=port,
                                 timeout=timeout, launcher=env.launcher):
                 call_with_deadline(rendezvous.start, timeout + 10, "the horovod rendezvous")
-        except BaseException:
-            rendezvous.close()
-            raise
-    elif not os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
-        raise LauncherError(
-            "HOROVOD_RANK is set but HOROVOD_GLOO_RENDEZVOUS_ADDR is not: start the job with "
-            f"`horovodrun -np {env.world_size} -H localhost:{env.world_size} --gloo python "
-            "train.py --backend horovod`.")
-    try:
+        elif not os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+            raise LauncherError(
+                "HOROVOD_RANK is set but HOROVOD_GLOO_RENDEZVOUS_ADDR is not: start the job with "
+                f"`horovodrun -np {env.world_size} -H localhost:{env.world_size} --gloo python "
+                "train.py --backend horovod`.")
         hvd.init()
     except BaseException:
         if rendezvous is not None:
