@@ -15,7 +15,7 @@ from typing import Mapping, Optional
 
 from .errors import LauncherError
 
-__all__ = ["ProcessEnvironment", "detect_environment", "LAUNCHERS", "expand_hostlist"]
+__all__ = ["ProcessEnvironment", "detect_environment", "LAUNCHERS", "expand_hostlist", "launcher_variables"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,17 @@ LAUNCHERS = (
     _Launcher("horovodrun", "horovodrun -np N --gloo python train.py", "HOROVOD_RANK",
               "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
 )
+
+# Every variable a launcher sets for the processes it starts (besides MASTER_ADDR / MASTER_PORT).
+_LAUNCHER_PREFIXES = ("OMPI_COMM_WORLD_", "PMI_", "PMIX_", "SLURM_", "HOROVOD_", "MV2_COMM_WORLD_", "MPI_LOCAL")
+_LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                   "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def launcher_variables(env: Mapping[str, str]) -> list:
+    """The names in `env` a launcher set: to remove before starting a new job from inside one."""
+    return [key for key in env if key.startswith(_LAUNCHER_PREFIXES) or key in _LAUNCHER_NAMES]
+
 
 # Variables whose presence alone, without the rest of a launcher's set, means a half-set environment.
 _STRAY = ("WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from paraflow.environment import launcher_variables
 from paraflow.horovod_import import horovod_missing_reason
 from paraflow.launch import launch_command, run_launch
 
@@ -55,10 +56,8 @@ def python() -> str:
 @pytest.fixture(autouse=True)
 def _clean_launcher_env(monkeypatch):
     """Unit tests see no launcher variables from the shell that started pytest."""
-    for key in list(os.environ):
-        if key.startswith(("OMPI_", "PMI_", "SLURM_", "HOROVOD_", "MV2_", "PARAFLOW_BACKEND")) or key in (
-                "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-            monkeypatch.delenv(key, raising=False)
+    for key in launcher_variables(os.environ) + ["PARAFLOW_BACKEND"]:
+        monkeypatch.delenv(key, raising=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..environment import launcher_variables
 from ..launch import launch_command, run_launch
 from .config import BenchConfig
 from .matrix import Cell
@@ -19,10 +20,6 @@ from .matrix import Cell
 __all__ = ["CellResult", "run_cells", "worker_entry", "worker_args", "cell_env", "failure_reason", "command_line"]
 
 WORKER_MODULE = "paraflow.bench.worker"
-#: Launcher variables a parent job may have set; a cell's processes must not inherit them.
-_INHERITED_PREFIXES = ("OMPI_COMM_WORLD_", "PMI_", "PMIX_", "SLURM_", "HOROVOD_", "MV2_COMM_WORLD_", "MPI_LOCAL")
-_INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "PARAFLOW_BACKEND")
 _TAIL = 4000
 MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 
@@ -89,7 +86,8 @@ def cell_env(cell: Cell, timeout: float) -> dict:
     threads = str(cell.threads)
     package_root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-    env = {key: None for key in os.environ if key.startswith(_INHERITED_PREFIXES) or key in _INHERITED}
+    inherited = launcher_variables(os.environ) + ["PARAFLOW_BACKEND"]  # a parent job's, not the cell's
+    env = {key: None for key in inherited if key in os.environ}
     env.update({"PARAFLOW_NUM_THREADS": threads, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                 "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, "PARAFLOW_TIMEOUT": str(int(max(timeout, 1)))})
     if cell.launcher == "mpirun" and MPI_YIELD not in os.environ:
