@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.paraflow-installed
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh paraflow/horovod_build.py
+$(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh paraflow/backends/horovod/build.py
 	bash scripts/install.sh $(VENV)
 	touch $(STAMP)
 

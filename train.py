@@ -31,10 +31,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Subset
 
 import paraflow
-from paraflow.data import DATASETS, load_dataset
-from paraflow.compression import COMPRESSIONS
-from paraflow.models import MODELS, build_model, count_parameters
-from paraflow.precision import PRECISIONS
+from paraflow.examples.data import DATASETS, load_dataset
+from paraflow.core.options import COMPRESSIONS
+from paraflow.examples.models import MODELS, build_model, count_parameters
+from paraflow.training.precision import PRECISIONS
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -11,17 +11,21 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from .backends.base import Backend
+from . import backends  # noqa: F401  (registers the built-in backends)
+from .core.backend import Backend
 from .environment import ProcessEnvironment, detect_environment
 from .errors import (BackendUnavailableError, CheckpointError, CollectiveError, CollectiveTimeoutError,
                      ConfigurationError, LauncherError, MissingDependencyError, ParaflowError,
                      UnknownBackendError)
-from .registry import available_backends, registered_names
+from .core.registry import available_backends, register_backend, registered_names
+from .training.checkpoint import load_checkpoint, save_checkpoint
+from .training.sampler import ShardSampler
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "get_backend", "available_backends", "registered_names", "default_backend_name",
+    "init", "get_backend", "available_backends", "registered_names", "register_backend", "default_backend_name",
+    "ShardSampler", "save_checkpoint", "load_checkpoint",
     "Backend", "ProcessEnvironment", "detect_environment",
     "ParaflowError", "UnknownBackendError", "BackendUnavailableError", "MissingDependencyError",
     "LauncherError", "CollectiveError", "CollectiveTimeoutError", "ConfigurationError",
@@ -39,7 +43,7 @@ def default_backend_name(environment: Optional[ProcessEnvironment] = None) -> st
 
 def get_backend(name: str, **options: Any) -> Backend:
     """Create the backend registered as `name` with `options`, not yet initialised."""
-    from .registry import create
+    from .core.registry import create
     return create(name, **options)
 
 

@@ -2,7 +2,7 @@
 # Set up everything paraflow needs in a virtual environment inside the checkout (idempotent):
 # the Debian packages the Horovod build needs (Open MPI, CMake, a C++ compiler, Python headers)
 # when they are missing, the CPU build of torch pinned first, paraflow with its extras, and
-# Horovod built against that torch (cached, see paraflow/horovod_build.py).
+# Horovod built against that torch (cached, see paraflow/backends/horovod/build.py).
 #
 # Usage: scripts/install.sh [VENV]   (default .venv)
 set -euo pipefail

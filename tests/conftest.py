@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraflow.environment import launcher_variables
-from paraflow.horovod_import import horovod_missing_reason
-from paraflow.launch import launch_command, run_launch
+from paraflow.environment.launchers import launcher_variables
+from paraflow.backends.horovod.imports import horovod_missing_reason
+from paraflow.tools.launch import launch_command, run_launch
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from conftest import RANK_ENV, ROOT
-from paraflow.launch import run_launch
+from paraflow.tools.launch import run_launch
 
-from paraflow.bench.outputs import CSV_TABLES
-from paraflow.bench.tables import (ALLREDUCE_COLUMNS, MEMCPY_COLUMNS, OVERHEAD_COLUMNS, TRAINING_COLUMNS,
+from paraflow.bench.report.outputs import CSV_TABLES
+from paraflow.bench.report.tables import (ALLREDUCE_COLUMNS, MEMCPY_COLUMNS, OVERHEAD_COLUMNS, TRAINING_COLUMNS,
                                    build_tables, format_value)
 
 MODELS = ["mlp:width=16", "cnn:width=4", "transformer:width=16,depth=1"]
@@ -29,7 +29,7 @@ def backends_here() -> list:
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "results"
     names = backends_here()
-    cmd = [sys.executable, "-m", "paraflow.cli", "bench", "--backends", ",".join(names), "--nprocs", "1,2",
+    cmd = [sys.executable, "-m", "paraflow.tools.cli", "bench", "--backends", ",".join(names), "--nprocs", "1,2",
            "--models", *MODELS, "--steps", "2", "--warmup", "1", "--min-window", "0", "--min-bytes", "4K",
            "--max-bytes", "16K", "--overhead-steps", "2", "--timeout", "120", "--out", str(out)]
     env = {**RANK_ENV, "PARAFLOW_BACKEND": None, "RANK": None, "WORLD_SIZE": None}

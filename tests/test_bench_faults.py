@@ -6,8 +6,8 @@ import pytest
 
 from conftest import RANK_ENV, WORKERS
 from paraflow.bench import BenchConfig, ModelSpec, run_bench
-from paraflow.bench.matrix import Cell, Matrix
-from paraflow.bench.runner import worker_entry
+from paraflow.bench.driver.matrix import Cell, Matrix
+from paraflow.bench.driver.runner import worker_entry
 
 TIMEOUT = 25
 TINY = (ModelSpec.parse("mlp:width=16"),)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from paraflow.bench import metrics
-from paraflow.bench.allreduce import count_wrong, expected_sum, iterations_for, pattern
-from paraflow.bench.config import BenchConfig, ModelSpec, message_sizes, parse_size
+from paraflow.bench.report import metrics
+from paraflow.bench.rank.allreduce import count_wrong, expected_sum, iterations_for, pattern
+from paraflow.bench.driver.config import BenchConfig, ModelSpec, message_sizes, parse_size
 from paraflow.errors import ConfigurationError
 
 

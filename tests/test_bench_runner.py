@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from paraflow.bench.config import BenchConfig, ModelSpec
-from paraflow.bench.matrix import Cell
-from paraflow.bench.runner import MPI_YIELD, cell_env, command_line, worker_args
+from paraflow.bench.driver.config import BenchConfig, ModelSpec
+from paraflow.bench.driver.matrix import Cell
+from paraflow.bench.driver.runner import MPI_YIELD, cell_env, command_line, worker_args
 
 MLP = (ModelSpec.parse("mlp:width=16"),)
 
@@ -49,8 +49,8 @@ def test_missing_tabulate_or_matplotlib_says_how_to_install(monkeypatch):
 
     import pytest
 
-    from paraflow.bench.outputs import require_tabulate
-    from paraflow.bench.plots import require_pyplot
+    from paraflow.bench.report.outputs import require_tabulate
+    from paraflow.bench.report.plots import require_pyplot
     from paraflow.errors import MissingDependencyError
     monkeypatch.setitem(sys.modules, "tabulate", None)  # makes `import tabulate` fail
     with pytest.raises(MissingDependencyError, match=r"pip install 'paraflow\[bench\]'"):
@@ -65,7 +65,7 @@ def test_local_update_skips_horovod_style_synchronisation_only():
 
     import torch
 
-    from paraflow.bench.train_loop import local_update
+    from paraflow.bench.rank.train_loop import local_update
 
     class Synchronising(torch.optim.SGD):  # the shape of horovod's DistributedOptimizer
         skipped = False

@@ -2,10 +2,10 @@
 
 import pytest
 
-from paraflow.bench.config import BenchConfig
-from paraflow.bench.matrix import build_matrix
-from paraflow.bench.runner import failure_reason
-from paraflow.bench.tables import (ALLREDUCE_COLUMNS, OVERHEAD_COLUMNS, TRAINING_COLUMNS, build_tables,
+from paraflow.bench.driver.config import BenchConfig
+from paraflow.bench.driver.matrix import build_matrix
+from paraflow.bench.driver.runner import failure_reason
+from paraflow.bench.report.tables import (ALLREDUCE_COLUMNS, OVERHEAD_COLUMNS, TRAINING_COLUMNS, build_tables,
                                    format_value, render)
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import paraflow
-import paraflow.checkpoint
+import paraflow.training.checkpoint
 from conftest import WORKERS, launch
-from paraflow.sharding import ShardSampler
+from paraflow.training.sampler import ShardSampler
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_round_trip_restores_every_object_and_the_rng(backend, tmp_path):
 def test_model_is_stored_unwrapped(backend, tmp_path):
     wrapped = torch.nn.DataParallel(torch.nn.Linear(2, 2))  # a wrapper with .module, like DDP
     backend.save(tmp_path / "c.pt", {"model": wrapped})
-    stored = paraflow.checkpoint.torch.load(tmp_path / "c.pt", weights_only=True)["state"]["model"]
+    stored = paraflow.training.checkpoint.torch.load(tmp_path / "c.pt", weights_only=True)["state"]["model"]
     assert set(stored) == {"weight", "bias"}
 
 
@@ -74,7 +74,7 @@ def test_failure_mid_write_keeps_the_previous_checkpoint(backend, tmp_path, monk
     def half_then_disk_full(payload, f):
         f.write(b"x" * 1000)
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(paraflow.checkpoint, "_serialize", half_then_disk_full)
+    monkeypatch.setattr(paraflow.training.checkpoint, "_serialize", half_then_disk_full)
     with pytest.raises(paraflow.CheckpointError, match="No space left on device.*previous file.*intact"):
         backend.save(path, {"version": 2, "weights": torch.zeros(8)})
 
@@ -131,7 +131,7 @@ def test_a_file_that_is_not_a_checkpoint_is_refused(backend, tmp_path):
 
 def test_atomic_write_creates_the_directory_with_normal_permissions(tmp_path):
     target = tmp_path / "new" / "file.bin"
-    paraflow.checkpoint.atomic_write(str(target), lambda f: f.write(b"abc"))
+    paraflow.training.checkpoint.atomic_write(str(target), lambda f: f.write(b"abc"))
     assert target.read_bytes() == b"abc"
     umask = os.umask(0)
     os.umask(umask)

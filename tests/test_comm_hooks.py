@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from paraflow.comm_hooks import compress_hook, pending_continuations, release_continuations, tracked_then
+from paraflow.backends.ddp.comm_hooks import compress_hook, pending_continuations, release_continuations, tracked_then
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -55,7 +55,7 @@ def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, pytho
     import subprocess
 
     from conftest import ROOT, RANK_ENV, WORKERS
-    from paraflow.environment import free_port
+    from paraflow.environment.launchers import free_port
 
     result = subprocess.run([python, str(WORKERS / "hook_exit.py"), kind, str(free_port())],
                             capture_output=True, text=True, timeout=60, cwd=ROOT,
@@ -65,6 +65,6 @@ def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, pytho
     if kind == "torch":
         assert result.returncode != 0 and "terminate called" in result.stderr, (
             f"torch's hook no longer aborts at exit (exit {result.returncode}); "
-            "paraflow.comm_hooks' release wait may be unnecessary now")
+            "paraflow.backends.ddp.comm_hooks' release wait may be unnecessary now")
     else:
         assert result.returncode == 0, result.stderr[-3000:]

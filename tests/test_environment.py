@@ -2,7 +2,7 @@
 
 import pytest
 
-from paraflow.environment import detect_environment, expand_hostlist
+from paraflow.environment.launchers import detect_environment, expand_hostlist
 from paraflow.errors import LauncherError, ParaflowError
 
 CASES = {

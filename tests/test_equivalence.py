@@ -35,7 +35,7 @@ def test_ddp_no_sync_accumulation_matches_single(tmp_path):
 @pytest.mark.timeout(300)
 def test_training_actually_moves_parameters(tmp_path):
     """Guards the comparison above: a run that did nothing would also 'match'."""
-    from paraflow.models import build_model
+    from paraflow.examples.models import build_model
     torch.manual_seed(1234)
     initial = build_model("mlp", width=16).double().state_dict()
     trained = train(tmp_path, "single", "python", 1)

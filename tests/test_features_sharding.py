@@ -6,7 +6,7 @@ import pytest
 
 import paraflow
 from conftest import WORKERS, launch_ok, read_rank_json
-from paraflow.sharding import ShardSampler
+from paraflow.training.sampler import ShardSampler
 
 SIZE, EPOCHS = 23, 3  # 23 is odd: two ranks cannot split it evenly
 

@@ -10,7 +10,7 @@ from torch import nn
 
 import paraflow
 from conftest import WORKERS, launch, launch_ok, read_rank_json, requires_horovod
-from paraflow.environment import ProcessEnvironment
+from paraflow.environment.launchers import ProcessEnvironment
 from paraflow.errors import (ConfigurationError, LauncherError, MissingDependencyError, ParaflowError)
 
 # ---------------------------------------------------------------- options (no horovod needed)
@@ -249,7 +249,7 @@ def test_real_ranks(tmp_path, launcher, controller, options, gradient):
     (["a", "a", "b"], 1, 1, (1, 2, 0, 1)),              # uneven: only host a has a local rank 1
 ])
 def test_rendezvous_gives_horovods_local_and_cross_ranks(hosts, rank, local_rank, expected):
-    from paraflow.horovod_rendezvous import GlooRendezvous
+    from paraflow.backends.horovod.rendezvous import GlooRendezvous
     local_size = hosts.count(hosts[rank])
     env = ProcessEnvironment("torchrun", rank, len(hosts), local_rank, local_size, "a", 1)
     rendezvous = GlooRendezvous(env, "a", 1, serve_store=False, timeout=5)
@@ -257,7 +257,7 @@ def test_rendezvous_gives_horovods_local_and_cross_ranks(hosts, rank, local_rank
 
 
 def test_gloo_interface_towards_this_host_is_loopback():
-    from paraflow.horovod_rendezvous import gloo_interface
+    from paraflow.backends.horovod.rendezvous import gloo_interface
     assert gloo_interface("127.0.0.1") == "lo"
 
 
@@ -265,13 +265,13 @@ def test_gloo_interface_towards_this_host_is_loopback():
 
 
 def test_build_cache_key_names_horovod_torch_and_python():
-    from paraflow.horovod_build import cache_key
+    from paraflow.backends.horovod.build import cache_key
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     assert cache_key(sys.executable) == f"horovod-0.28.1-torch{torch.__version__.split('+')[0]}-{tag}"
 
 
 def test_build_without_compilers_says_what_to_apt_get_first(monkeypatch, tmp_path, capsys):
-    import paraflow.horovod_build as build
+    import paraflow.backends.horovod.build as build
     monkeypatch.setenv("PARAFLOW_WHEEL_CACHE", str(tmp_path))
     monkeypatch.setattr(build.shutil, "which", lambda tool: None)
     monkeypatch.setattr(build, "probe", lambda python: {"version": None})  # as if horovod were absent
@@ -283,5 +283,5 @@ def test_build_without_compilers_says_what_to_apt_get_first(monkeypatch, tmp_pat
 
 @requires_horovod
 def test_build_command_leaves_a_working_horovod_alone():
-    result = launch_ok("python", 1, ["-m", "paraflow.cli", "build-horovod"], timeout=120)
+    result = launch_ok("python", 1, ["-m", "paraflow.tools.cli", "build-horovod"], timeout=120)
     assert "already installed" in result.stdout

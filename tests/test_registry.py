@@ -6,8 +6,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import paraflow
-from paraflow.backends.ddp import DDPBackend
-from paraflow.environment import ProcessEnvironment
+from paraflow.backends.ddp.backend import DDPBackend
+from paraflow.environment.launchers import ProcessEnvironment
 from paraflow.errors import (BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError,
                              UnknownBackendError)
 
@@ -111,12 +111,11 @@ def test_dp_on_cpu_is_a_pass_through_that_says_so(monkeypatch):
 
 
 def test_threads_default_to_cores_per_local_process(monkeypatch):
-    import paraflow.backends.base as base
-    monkeypatch.setattr(base, "_cores", lambda: 8)
-    backend = paraflow.get_backend("ddp-gloo")
-    backend.env = ProcessEnvironment("torchrun", 0, 4, 0, 4)
-    assert backend._threads_per_process() == 2
-    assert paraflow.get_backend("ddp-gloo", num_threads=3)._threads_per_process() == 3
+    import paraflow.core.placement as placement
+    monkeypatch.setattr(placement, "cores", lambda: 8)
+    monkeypatch.delenv("PARAFLOW_NUM_THREADS", raising=False)
+    assert placement.threads_per_process(None, local_world_size=4) == 2
+    assert placement.threads_per_process(3, local_world_size=4) == 3
 
 
 def test_use_before_init_is_a_clear_error():

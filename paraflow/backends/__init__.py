@@ -1,5 +1,13 @@
-"""Backend implementations; each module is imported only when its backend is used."""
+"""Backend implementations, one module or folder each; each registers its own names here.
 
-from .base import Backend
+Registration names a class as "module:Class", so no backend module is imported until used.
+"""
 
-__all__ = ["Backend"]
+from ..core.registry import register
+
+register("single", "paraflow.backends.single:SingleProcessBackend",
+         "one process, no wrapper: the baseline")
+register("dp", "paraflow.backends.dp:DataParallelBackend",
+         "torch.nn.DataParallel over the visible GPUs, one process")
+
+from . import ddp, horovod  # noqa: E402,F401  (each registers its names, in this order)

@@ -7,7 +7,8 @@ import warnings
 import torch
 from torch import nn
 
-from .base import Backend, LocalCollectives
+from ..core.backend import Backend
+from ..core.collectives import LocalCollectives
 
 __all__ = ["DataParallelBackend"]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from .base import Backend, LocalCollectives
+from ..core.backend import Backend
+from ..core.collectives import LocalCollectives
 
 __all__ = ["SingleProcessBackend"]
 

@@ -9,10 +9,10 @@ matplotlib) are imported only when a run starts.
 
 from __future__ import annotations
 
-from .config import BenchConfig, ModelSpec, message_sizes, parse_size
-from .matrix import Cell, build_matrix
-from .run import run_bench
-from .tables import build_tables
+from .driver.config import BenchConfig, ModelSpec, message_sizes, parse_size
+from .driver.matrix import Cell, build_matrix
+from .driver.run import run_bench
+from .report.tables import build_tables
 
 __all__ = ["BenchConfig", "ModelSpec", "Cell", "build_matrix", "run_bench", "build_tables",
            "message_sizes", "parse_size"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from conftest import RANK_ENV, ROOT, launch
 
-from paraflow.environment import free_port
-from paraflow.launch import kill_group
+from paraflow.environment.launchers import free_port
+from paraflow.tools.launch import kill_group
 
 FAULT_WORKERS = Path(__file__).resolve().parent / "workers"
 #: The paraflow timeout the fault workers run with (seconds): short, so tests finish quickly.

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import requires_horovod
 from faultkit import TIMEOUT_S, events, run_worker, start_by_hand
-from paraflow.environment import free_port
+from paraflow.environment.launchers import free_port
 
 BACKENDS = [
     pytest.param("ddp-gloo", "torchrun", id="ddp-gloo-torchrun"),

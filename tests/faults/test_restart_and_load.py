@@ -5,7 +5,7 @@ import torch
 
 from conftest import RANK_ENV, ROOT, requires_horovod
 from faultkit import FAULT_WORKERS, STARTUP_S, events, fault_env, run_worker
-from paraflow.launch import launch_command, run_launch
+from paraflow.tools.launch import launch_command, run_launch
 
 STEPS, SAVE_EVERY, KILL_STEP = 9, 2, 5  # killed after step 5: the last checkpoint holds step 4
 

@@ -14,7 +14,7 @@ import sys
 import torch
 
 import paraflow
-import paraflow.checkpoint
+import paraflow.training.checkpoint
 
 
 def main(mode: str, path: str) -> None:
@@ -23,11 +23,11 @@ def main(mode: str, path: str) -> None:
         big = {"version": 2, "weights": torch.full((1 << 20,), 2.0)}  # 4 MiB
         if mode == "kill":
             def half_then_die(payload, f):
-                paraflow.checkpoint.torch.save(payload, f)
+                paraflow.training.checkpoint.torch.save(payload, f)
                 f.truncate(f.tell() // 2)
                 f.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
-            paraflow.checkpoint._serialize = half_then_die
+            paraflow.training.checkpoint._serialize = half_then_die
         else:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
             resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))

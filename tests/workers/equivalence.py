@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import paraflow
-from paraflow.models import build_model
+from paraflow.examples.models import build_model
 
 STEPS, GLOBAL_BATCH, SEED = 5, 16, 1234
 
@@ -69,7 +69,7 @@ def _count_gradient_messages(model, optimizer) -> list:
         optimizer._allreduce_grad_async = counting
     elif hasattr(model, "register_comm_hook"):  # DDP: its plain averaging allreduce, counted
         import torch.distributed as dist
-        from paraflow.comm_hooks import tracked_then
+        from paraflow.backends.ddp.comm_hooks import tracked_then
 
         def hook(state, bucket):
             counter[0] += 1

@@ -24,7 +24,7 @@ def main(kind: str, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     model = DistributedDataParallel(torch.nn.Linear(4, 2))
     if kind == "paraflow":
-        from paraflow.comm_hooks import compress_hook
+        from paraflow.backends.ddp.comm_hooks import compress_hook
         base = compress_hook(torch.bfloat16)
     else:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook

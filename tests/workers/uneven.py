@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import paraflow
-from paraflow.models import build_model
+from paraflow.examples.models import build_model
 
 BASE, BATCH = 2, 4
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import paraflow
-from paraflow.models import build_model
+from paraflow.examples.models import build_model
 from report import emit
 
 

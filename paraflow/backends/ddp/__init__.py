@@ -1,0 +1,10 @@
+"""DistributedDataParallel: the backend, its compression hooks, join and the checked DDP module."""
+
+from ...core.registry import register
+
+register("ddp", "paraflow.backends.ddp.backend:DDPBackend",
+         "DistributedDataParallel, NCCL when CUDA is available else gloo", process_group="auto")
+register("ddp-gloo", "paraflow.backends.ddp.backend:DDPBackend",
+         "DistributedDataParallel over gloo", process_group="gloo")
+register("ddp-nccl", "paraflow.backends.ddp.backend:DDPBackend",
+         "DistributedDataParallel over NCCL (CUDA)", process_group="nccl")

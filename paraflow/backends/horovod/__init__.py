@@ -1,0 +1,6 @@
+"""Horovod: the backend, its start-up (controller, knobs, rendezvous), import, build and join."""
+
+from ...core.registry import register
+
+register("horovod", "paraflow.backends.horovod.backend:HorovodBackend",
+         "Horovod DistributedOptimizer; MPI controller under mpirun, gloo otherwise")

@@ -1,0 +1,200 @@
+"""Build horovod against the installed torch with MPI and gloo, once, and install it.
+
+``paraflow build-horovod`` (or ``python -m paraflow.backends.horovod.build``). A plain
+``pip install horovod==0.28.1`` fails against torch >= 2.1: horovod asks CMake for C++14 while
+torch's headers need C++17. Here CMake runs through a small wrapper whose project-include file maps
+CMake's C++14 flag to ``-std=c++17``. The wheel is cached outside any checkout, keyed by the
+horovod, torch and Python versions, so the next install of the same combination takes seconds.
+
+Needs a C++ compiler, CMake, Python headers and an MPI with its compiler wrappers; on Debian:
+``apt-get install g++ cmake python3-dev openmpi-bin libopenmpi-dev``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .imports import HOROVOD_VERSION
+
+__all__ = ["wheel_cache", "cache_key", "missing_tools", "build_and_install", "main"]
+
+#: What horovod needs at run time (its install_requires) and its setup.py imports.
+RUNTIME_REQUIREMENTS = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi")
+#: Installed before a build without build isolation.
+BUILD_REQUIREMENTS = ("setuptools", "wheel", *RUNTIME_REQUIREMENTS)
+
+_APT = {"mpicc": "openmpi-bin libopenmpi-dev", "cmake": "cmake", "c++": "g++",
+        "Python.h": "python3-dev"}
+
+# CMake's C++14 flag becomes C++17 for every target (torch >= 2.1 headers need it).
+_CXX17 = ('set(CMAKE_CXX14_STANDARD_COMPILE_OPTION "-std=c++17")\n'
+          'set(CMAKE_CXX14_EXTENSION_COMPILE_OPTION "-std=gnu++17")\n')
+
+# Reports, as JSON, what horovod in the target Python can do; run there, not here.
+_PROBE = """
+import json, os
+try:
+    import torch, horovod, horovod.torch as hvd
+    meta = json.load(open(os.path.join(os.path.dirname(horovod.__file__), "metadata.json")))
+    ok = hasattr(hvd, "init")
+    print(json.dumps({"version": horovod.__version__, "torch": torch.__version__,
+                      "built_for": meta.get("pytorch"), "extension": ok,
+                      "mpi": ok and bool(hvd.mpi_built()), "gloo": ok and bool(hvd.gloo_built())}))
+except Exception as exc:
+    print(json.dumps({"version": None, "error": str(exc)}))
+"""
+
+
+def wheel_cache() -> Path:
+    """Where built wheels are kept: PARAFLOW_WHEEL_CACHE, else ~/.cache/paraflow/wheels."""
+    if os.environ.get("PARAFLOW_WHEEL_CACHE"):
+        return Path(os.environ["PARAFLOW_WHEEL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "paraflow" / "wheels"
+
+
+def _python_facts(python: str) -> dict:
+    code = ("import json, sys, sysconfig, os, torch; print(json.dumps({"
+            "'torch': torch.__version__.split('+')[0], 'tag': 'cp%d%d' % sys.version_info[:2], "
+            "'headers': os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))}))")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"error: {python} cannot import torch; install torch first "
+                         f"(`{python} -m pip install torch`).\n{done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cache_key(python: str = sys.executable, version: str = HOROVOD_VERSION) -> str:
+    """``horovod-<version>-torch<torch version>-<cpXY>`` for `python`'s torch and interpreter."""
+    facts = _python_facts(python)
+    return f"horovod-{version}-torch{facts['torch']}-{facts['tag']}"
+
+
+def missing_tools(python: str = sys.executable) -> list[str]:
+    """The build prerequisites absent here (keys of the apt package table)."""
+    missing = [tool for tool in ("mpicc", "cmake") if shutil.which(tool) is None]
+    if not (shutil.which("c++") or shutil.which("g++")):
+        missing.append("c++")
+    if not _python_facts(python)["headers"]:
+        missing.append("Python.h")
+    return missing
+
+
+def probe(python: str = sys.executable) -> dict:
+    """What the horovod installed in `python` is: version, built-for torch, MPI and gloo."""
+    done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {"version": None, "error": done.stderr[-500:]}
+
+
+def _working(info: dict, version: str) -> bool:
+    return (info.get("version") == version and info.get("extension") and info.get("mpi")
+            and info.get("gloo") and info.get("built_for") == info.get("torch"))
+
+
+def _cmake_wrapper(workdir: Path, cmake: str) -> Path:
+    include = workdir / "cxx17.cmake"
+    include.write_text(_CXX17)
+    wrapper = workdir / "cmake"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        "# configure steps get the C++17 project include; --build and --version pass through\n"
+        f'case "$1" in --build|--version) exec "{cmake}" "$@";; esac\n'
+        f'exec "{cmake}" -DCMAKE_PROJECT_INCLUDE="{include}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return wrapper
+
+
+def _pip(python: str, *args: str) -> None:
+    subprocess.run([python, "-m", "pip", *args], check=True)
+
+
+def build_wheel(python: str, directory: Path, version: str = HOROVOD_VERSION) -> Path:
+    """Compile horovod `version` for `python`'s torch into a wheel in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _pip(python, "install", "-q", *BUILD_REQUIREMENTS)
+    with tempfile.TemporaryDirectory(prefix="paraflow-horovod-") as tmp:
+        env = {**os.environ,
+               "HOROVOD_CMAKE": str(_cmake_wrapper(Path(tmp), shutil.which("cmake"))),
+               "CMAKE_POLICY_VERSION_MINIMUM": "3.5",  # gloo's old cmake_minimum_required
+               "HOROVOD_WITH_PYTORCH": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITH_MPI": "1",
+               "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_MXNET": "1",
+               "HOROVOD_GPU_OPERATIONS": os.environ.get("HOROVOD_GPU_OPERATIONS", ""),
+               "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
+        subprocess.run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir",
+                        "-w", str(directory), f"horovod=={version}"], check=True, env=env)
+    wheels = sorted(directory.glob(f"horovod-{version}-*.whl"))
+    if not wheels:
+        raise SystemExit(f"error: pip reported success but left no horovod wheel in {directory}")
+    return wheels[-1]
+
+
+def build_and_install(python: str = sys.executable, force: bool = False,
+                      version: str = HOROVOD_VERSION) -> int:
+    """Install a working horovod into `python`: cached wheel if there is one, else build it.
+
+    Returns:
+        0 when horovod imports afterwards with its PyTorch extension, MPI and gloo.
+    """
+    before = probe(python)
+    if _working(before, version) and not force:
+        print(f"horovod {version} is already installed for torch {before['torch']} "
+              f"(MPI and gloo); `--force` rebuilds it")
+        return 0
+    directory = wheel_cache() / cache_key(python, version)
+    cached = sorted(directory.glob(f"horovod-{version}-*.whl"))
+    if cached and not force:
+        wheel = cached[-1]
+        print(f"installing the cached {wheel}")
+    else:
+        missing = missing_tools(python)
+        if missing:
+            packages = " ".join(_APT[m] for m in missing)
+            print(f"error: building horovod needs {', '.join(missing)}, missing here. Install them "
+                  f"first: `apt-get install {packages}` (as root or with sudo), then run this again.",
+                  file=sys.stderr)
+            return 1
+        print(f"building horovod {version} for this torch (a few minutes, once); "
+              f"the wheel is kept in {directory}", flush=True)
+        for old in cached:
+            old.unlink()
+        wheel = build_wheel(python, directory, version)
+    _pip(python, "install", "-q", "--force-reinstall", "--no-deps", str(wheel))
+    _pip(python, "install", "-q", *RUNTIME_REQUIREMENTS)
+    after = probe(python)
+    if not _working(after, version):
+        print(f"error: horovod still does not work after installing {wheel}: {after}. "
+              "Rebuild it with `paraflow build-horovod --force`.", file=sys.stderr)
+        return 1
+    print(f"horovod {after['version']} works: PyTorch {after['torch']}, MPI and gloo controllers")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command line: ``paraflow build-horovod [--python PY] [--force]``."""
+    parser = argparse.ArgumentParser(prog="paraflow build-horovod", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return build_and_install(args.python, args.force)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The build command's options, shared by ``paraflow build-horovod``."""
+    parser.add_argument("--python", default=sys.executable,
+                        help="the Python (with torch) to install into; default: this one")
+    parser.add_argument("--force", action="store_true", help="rebuild even if a wheel is cached")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

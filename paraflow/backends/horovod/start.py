@@ -1,0 +1,184 @@
+"""Starting horovod: the controller the launcher allows, the HOROVOD_* knobs, MPI or gloo start-up.
+
+Horovod 0.28.1 keeps process-wide state between sessions (MPI cannot start twice; after an MPI
+session it builds gloo from the closed communicator; its tuner keeps fusion and cycle-time
+settings), so the guards against restarts it cannot survive live here too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+from typing import Optional
+
+from ...environment.launchers import ProcessEnvironment
+from ...errors import BackendUnavailableError, ConfigurationError, LauncherError
+from ...reliability.failures import call_with_deadline, startup_errors
+from ...environment.scoped_env import ScopedEnv
+
+__all__ = ["launch_commands", "choose_controller", "set_knobs", "start_mpi", "start_gloo",
+           "check_horovod_world", "note_mpi_shut_down"]
+
+_MPI_LAUNCHERS = ("openmpi", "mpich", "mvapich2")
+_mpi_finalized_by_horovod = False  # MPI cannot start twice in one process
+_mpi_session_ran = False  # after one, horovod 0.28.1 builds gloo contexts from its dead MPI communicator
+# Tuning knobs fixed by earlier horovod sessions in this process (None: horovod never started here).
+_TUNED_KNOBS = {"HOROVOD_FUSION_THRESHOLD": "fusion_threshold_mb", "HOROVOD_CYCLE_TIME": "cycle_time_ms"}
+_knobs_fixed_before: Optional[frozenset] = None
+
+
+def launch_commands(world_size: int) -> str:
+    """The mpirun and horovodrun commands that start `world_size` horovod ranks, for messages."""
+    n = max(world_size, 2)
+    return (f"`mpirun -np {n} python train.py --backend horovod` (MPI controller) or "
+            f"`horovodrun -np {n} -H localhost:{n} --gloo python train.py --backend horovod` "
+            "(gloo controller)")
+
+
+def choose_controller(hvd, env: ProcessEnvironment, want: str) -> str:
+    """"mpi" or "gloo": what `want` ("auto", "mpi", "gloo") comes to under this launcher and build."""
+    if env.launcher == "horovodrun":
+        if want == "mpi":
+            raise LauncherError(
+                "controller='mpi' was asked for, but horovodrun --gloo started this process; "
+                f"for the MPI controller launch with `mpirun -np {env.world_size} python "
+                "train.py --backend horovod`.")
+        return "gloo"
+    if env.launcher in _MPI_LAUNCHERS or (env.launcher == "slurm" and want == "mpi"):
+        if want == "auto":
+            want = "mpi" if hvd.mpi_built() else "gloo"
+    elif want == "mpi":
+        raise LauncherError(
+            f"horovod's MPI controller needs an MPI launcher, but {env.launcher} started this "
+            f"process. Launch with {launch_commands(env.world_size)}, or use controller='gloo'.")
+    elif want == "auto":
+        want = "gloo" if hvd.gloo_built() or not hvd.mpi_built() else "mpi"
+    built = hvd.mpi_built() if want == "mpi" else hvd.gloo_built()
+    if not built:
+        raise BackendUnavailableError(
+            f"horovod was built without {want.upper() if want == 'mpi' else want}, which "
+            f"{env.launcher} needs here. Launch with {launch_commands(env.world_size)} as this build "
+            "allows, or rebuild horovod with `paraflow build-horovod --force`.")
+    return want
+
+
+def set_knobs(env_vars: ScopedEnv, *, fusion_threshold_mb: Optional[float],
+              cycle_time_ms: Optional[float], timeout: float, timeout_given: bool) -> None:
+    """Set the HOROVOD_* variables ``hvd.init()`` reads, in `env_vars` (restored at shutdown).
+
+    An explicit timeout (`timeout_given`) wins over HOROVOD_* timeouts set in the shell.
+    """
+    knobs: dict[str, str] = {}
+    if fusion_threshold_mb is not None:
+        knobs["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 1024 * 1024))
+    if cycle_time_ms is not None:
+        knobs["HOROVOD_CYCLE_TIME"] = repr(float(cycle_time_ms))
+    seconds = max(1, math.ceil(timeout))
+    timeouts = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(seconds),
+                "HOROVOD_STALL_CHECK_TIME_SECONDS": str(min(60, seconds)),
+                "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(seconds)}
+    for key, value in timeouts.items():
+        if timeout_given or key not in os.environ:
+            knobs[key] = value
+    env_vars.set(knobs)
+    _check_restart_knobs()
+
+
+def _check_restart_knobs() -> None:
+    """Refuse a restart that horovod 0.28.1's tuner would crash on or silently get wrong.
+
+    Its parameter manager outlives ``hvd.shutdown()``: a fusion threshold or cycle time fixed in
+    one session stays fixed in the next, and once both have been fixed ``hvd.init()`` segfaults.
+    """
+    global _knobs_fixed_before
+    now = frozenset(k for k in _TUNED_KNOBS if k in os.environ)
+    before, _knobs_fixed_before = _knobs_fixed_before, (_knobs_fixed_before or frozenset()) | now
+    if not before or (before == now and len(now) == 1):
+        return
+    _knobs_fixed_before = before
+    names = " and ".join(sorted(_TUNED_KNOBS[k] for k in before | now))
+    raise ConfigurationError(
+        f"horovod cannot restart in this process with these tuning options: it keeps {names} "
+        "(HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME) from one session to the next and "
+        "crashes once both have been set. Start each horovod session with these options in a "
+        "new process, or keep the same single option in every session.")
+
+
+def start_mpi(hvd, env_vars: ScopedEnv) -> bool:
+    """Start horovod's MPI controller; True when mpi4py owns MPI (so horovod may start again)."""
+    global _mpi_session_ran
+    if _mpi_finalized_by_horovod:
+        raise ConfigurationError(
+            "horovod already shut MPI down in this process, and MPI cannot start twice. "
+            "Install mpi4py (`pip install mpi4py`) so MPI stays up between horovod sessions, "
+            "or start horovod once per process.")
+    try:  # mpi4py owns MPI_Init/Finalize when present, so horovod can start again later
+        from mpi4py import MPI
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+            atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
+        uses_mpi4py = True
+    except ImportError:
+        uses_mpi4py = False
+    env_vars.set({"HOROVOD_CONTROLLER": "mpi"})
+    _mpi_session_ran = True
+    hvd.init()
+    return uses_mpi4py
+
+
+def note_mpi_shut_down() -> None:
+    """Record that horovod finalized MPI itself: it cannot start again in this process."""
+    global _mpi_finalized_by_horovod
+    _mpi_finalized_by_horovod = True
+
+
+def start_gloo(hvd, env: ProcessEnvironment, timeout: float):
+    """Start horovod's gloo controller; returns the rendezvous paraflow started, or None.
+
+    Under horovodrun its rendezvous server is already there; under any other launcher rank 0
+    starts horovod's own (:mod:`paraflow.backends.horovod.rendezvous`).
+    """
+    if _mpi_session_ran:
+        raise ConfigurationError(
+            "horovod ran with its MPI controller earlier in this process and cannot switch to "
+            "gloo afterwards (it would build gloo from MPI's closed communicator and abort). "
+            "Use the MPI controller again (controller='mpi'), or a new process.")
+    rendezvous = None
+    try:
+        if env.launcher != "horovodrun":
+            from .rendezvous import GlooRendezvous
+            if env.launcher == "torchrun":
+                if not (env.master_addr and env.master_port):
+                    raise LauncherError("torchrun set no MASTER_ADDR/MASTER_PORT; relaunch with torchrun.")
+                # torchrun's agent serves a store there; without it (rare) rank 0 serves one.
+                serve = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+                addr, port = env.master_addr, env.master_port
+            else:
+                from ...environment.rendezvous import resolve_master
+                (addr, port), serve = resolve_master(env), True
+            rendezvous = GlooRendezvous(env, addr, port, serve_store=serve, timeout=timeout)
+            with startup_errors(rank=env.rank, world_size=env.world_size, address=addr, port=port,
+                                timeout=timeout, launcher=env.launcher):
+                call_with_deadline(rendezvous.start, timeout + 10, "the horovod rendezvous")
+        elif not os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+            raise LauncherError(
+                "HOROVOD_RANK is set but HOROVOD_GLOO_RENDEZVOUS_ADDR is not: start the job with "
+                f"`horovodrun -np {env.world_size} -H localhost:{env.world_size} --gloo python "
+                "train.py --backend horovod`.")
+        hvd.init()
+    except BaseException:
+        if rendezvous is not None:
+            rendezvous.close()
+        raise
+    return rendezvous
+
+
+def check_horovod_world(hvd, env: ProcessEnvironment) -> None:
+    """Raise LauncherError when horovod's rank and size disagree with the launcher's."""
+    if (hvd.size(), hvd.rank()) != (env.world_size, env.rank):
+        raise LauncherError(
+            f"{env.launcher} says this is rank {env.rank} of {env.world_size}, but horovod "
+            f"started as rank {hvd.rank()} of {hvd.size()}: its MPI library does not belong to "
+            f"this launcher (horovod here was built against another MPI). Launch with "
+            f"{launch_commands(env.world_size)}.")

@@ -1,0 +1,1 @@
+"""paraflow/bench/driver."""

@@ -1,0 +1,157 @@
+"""What a benchmark run measures: backends, process counts, models, steps, message sizes."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ...errors import ConfigurationError
+
+__all__ = ["ModelSpec", "BenchConfig", "parse_size", "message_sizes", "DEFAULT_MODELS"]
+
+#: Defaults that cover both regimes: a wide MLP sends one large gradient message (4.5 MB) per
+#: step; the CNN (0.08 MB) and the transformer (0.4 MB over ~30 tensors) send small ones.
+DEFAULT_MODELS = ("mlp:width=1024", "cnn", "transformer")
+
+_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024 ** 2, "MB": 1024 ** 2,
+          "MIB": 1024 ** 2, "G": 1024 ** 3, "GB": 1024 ** 3, "GIB": 1024 ** 3}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model name from paraflow.examples.models with its size options, written `name[:key=value,...]`."""
+
+    name: str
+    options: tuple = ()
+
+    @classmethod
+    def parse(cls, text: str) -> "ModelSpec":
+        """Parse `mlp`, `mlp:width=1024` or `transformer:width=128,depth=4`."""
+        from ...examples.models import MODELS
+        name, _, rest = text.partition(":")
+        if name not in MODELS:
+            raise ConfigurationError(f"unknown model {name!r} in {text!r}; choose one of {', '.join(MODELS)} "
+                                     "(sizes as name:key=value,..., e.g. mlp:width=1024).")
+        options = []
+        for item in filter(None, rest.split(",")):
+            key, eq, value = item.partition("=")
+            if not eq or not value.strip().isdigit():
+                raise ConfigurationError(f"model option {item!r} in {text!r} is not key=<integer> "
+                                         "(e.g. mlp:width=1024,depth=2).")
+            options.append((key.strip(), int(value)))
+        return cls(name, tuple(options))
+
+    @property
+    def kwargs(self) -> dict:
+        """Keyword arguments for paraflow.examples.models.build_model."""
+        return dict(self.options)
+
+    @property
+    def label(self) -> str:
+        """`name` or `name(key=value,...)`, for tables and plots."""
+        if not self.options:
+            return self.name
+        return f"{self.name}({','.join(f'{k}={v}' for k, v in self.options)})"
+
+    def __str__(self) -> str:
+        if not self.options:
+            return self.name
+        return f"{self.name}:{','.join(f'{k}={v}' for k, v in self.options)}"
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `4096`, `4K`, `64M` or `1G` (powers of 1024, as nccl-tests' -b/-e take them)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(text))
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ConfigurationError(f"message size {text!r} is not a number of bytes like 4096, 4K, 64M or 1G.")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """min_bytes, min_bytes*factor, ... up to max_bytes (nccl-tests' -b, -e, -f)."""
+    if min_bytes < 4 or max_bytes < min_bytes:
+        raise ConfigurationError(f"message sizes {min_bytes}..{max_bytes} B: need 4 <= min <= max.")
+    if factor < 2:
+        raise ConfigurationError(f"size factor {factor} must be at least 2.")
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size - size % 4)  # whole float32 elements
+        size *= factor
+    return sizes
+
+
+@dataclass
+class BenchConfig:
+    """Everything one `paraflow bench` run does.
+
+    Attributes:
+        backends: backend names to run (None: every one available here, see matrix.py).
+        nprocs: process counts for multi-process backends (single and dp always run one).
+        models: model specs, see ModelSpec.
+        data: "synthetic" (default) or "digits".
+        batch_size: samples per process per step (weak scaling: fixed per rank).
+        warmup: untimed steps before each timed window.
+        steps: timed steps in the throughput window, at least.
+        min_window: seconds the throughput window lasts, at least (more steps when they are
+            short); the communication-overhead phase then runs half as many sync/no-sync pairs.
+        sizes: allreduce and memory-copy message sizes in bytes.
+        overhead_steps: paraflow/raw step pairs for the abstraction overhead.
+        overhead_model: model for the abstraction overhead (default: the first of models).
+        launchers: restrict to these launchers (None: each backend's own).
+        timeout: seconds each launch may take before its whole process group is killed.
+        out: results folder.
+        plots: write PNG plots (needs matplotlib).
+        allreduce: run the allreduce microbenchmark and memory-copy bandwidth.
+        overhead: run the abstraction-overhead comparison.
+        seed: model initialisation and data seed.
+    """
+
+    backends: Optional[list] = None
+    nprocs: list = field(default_factory=lambda: [1, 2])
+    models: list = field(default_factory=lambda: [ModelSpec.parse(m) for m in DEFAULT_MODELS])
+    data: str = "synthetic"
+    batch_size: int = 32
+    warmup: int = 5
+    steps: int = 20
+    min_window: float = 1.0
+    sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024 ** 2, 4))
+    overhead_steps: int = 40
+    overhead_model: Optional[ModelSpec] = None
+    launchers: Optional[list] = None
+    timeout: float = 150.0
+    out: str = "bench-results"
+    plots: bool = True
+    allreduce: bool = True
+    overhead: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from ...examples.data import DATASETS
+        if self.data not in DATASETS:
+            raise ConfigurationError(f"unknown data {self.data!r}; choose one of {', '.join(DATASETS)}.")
+        for name, value, low in (("batch_size", self.batch_size, 1), ("steps", self.steps, 1),
+                                 ("warmup", self.warmup, 0), ("overhead_steps", self.overhead_steps, 1)):
+            if int(value) < low:
+                raise ConfigurationError(f"{name}={value}: must be at least {low}.")
+        if not self.nprocs or any(int(n) < 1 for n in self.nprocs):
+            raise ConfigurationError(f"process counts {self.nprocs}: give positive integers, e.g. --nprocs 1,2.")
+        if not self.models:
+            raise ConfigurationError("no models to benchmark; give at least one, e.g. --models mlp.")
+        if self.min_window < 0:
+            raise ConfigurationError(f"min_window={self.min_window}: must be zero or more seconds.")
+        if self.timeout <= 0:
+            raise ConfigurationError(f"timeout={self.timeout}: must be positive seconds.")
+        self.nprocs = sorted({int(n) for n in self.nprocs})
+        self.models = [m if isinstance(m, ModelSpec) else ModelSpec.parse(m) for m in self.models]
+        if self.overhead_model is None:
+            self.overhead_model = self.models[0]
+        elif not isinstance(self.overhead_model, ModelSpec):
+            self.overhead_model = ModelSpec.parse(self.overhead_model)
+
+    def to_dict(self) -> dict:
+        """JSON-ready copy, models written as specs."""
+        d = dict(vars(self))
+        d["models"] = [str(m) for m in self.models]
+        d["overhead_model"] = str(self.overhead_model)
+        return d

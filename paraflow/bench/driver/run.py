@@ -1,0 +1,89 @@
+"""One benchmark run from start to finish: matrix, launches, tables, files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from .config import BenchConfig
+from ..report.header import collect_header, header_lines
+from .matrix import Matrix, build_matrix
+from ..report.outputs import (CSV_TABLES, markdown_report, require_tabulate, terminal_report, write_csvs,
+                      write_json)
+from .runner import run_cells, worker_entry
+from ..report.tables import build_tables
+
+__all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
+
+OUTPUT_FILES = ("results.json", "results.md", *CSV_TABLES, "throughput.png", "busbw.png")
+
+
+def _prepare(out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in OUTPUT_FILES:  # no stale file from an earlier run may pass for this one's
+        (out / name).unlink(missing_ok=True)
+    raw = out / "raw"
+    shutil.rmtree(raw, ignore_errors=True)  # cells of an earlier run would pass for this one's
+    raw.mkdir()
+    return raw
+
+
+def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = None,
+              entry=worker_entry) -> dict:
+    """Run every cell of `config` (or of `matrix`), write the results folder, return the results.
+
+    `progress`: True prints progress and tables to standard output, a stream prints them there,
+    False prints nothing.
+
+    Returns the dict stored as results.json: header, config, skipped backends, every cell with its
+    exact command and raw per-rank numbers, and the tables built from them.
+    """
+    progress = sys.stdout if progress is True else (progress or None)
+    require_tabulate()
+    if config.plots:
+        from ..report.plots import require_pyplot
+        require_pyplot()
+    matrix = matrix or build_matrix(config)
+    out = Path(config.out)
+    raw = _prepare(out)
+    threads = {c.nproc: c.threads for c in matrix.cells if c.kind == "train"}
+    launchers = list(dict.fromkeys(c.launcher for c in matrix.cells))
+    header = collect_header(threads, launchers, [])
+    if progress:
+        print("\n".join(header_lines(header, with_commands=False)), file=progress)
+        for name, why in matrix.skipped.items():
+            print(f"not run: {name}: {why}", file=progress)
+        print(f"{len(matrix.cells)} launches, each with a {config.timeout:.0f} s timeout; results go to {out}/",
+              file=progress, flush=True)
+
+    start = time.monotonic()
+    cell_results = run_cells(matrix.cells, config, raw, entry=entry, progress=progress)
+    cells = [r.to_dict() for r in cell_results]
+    header["commands"] = [c["command"] for c in cells]
+    header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
+    header["wall_time_s"] = round(time.monotonic() - start, 1)
+    results = {"header": header, "config": config.to_dict(), "skipped": dict(matrix.skipped),
+               "cells": cells, "tables": build_tables(cells, header)}
+
+    plots = []
+    if config.plots:
+        from ..report.plots import write_plots
+        plots = write_plots(results, out)
+    written = [write_json(results, out), *write_csvs(results, out), *plots]
+    (out / "results.md").write_text(markdown_report(results, plots))
+    written.insert(1, "results.md")
+    if progress:
+        print(terminal_report(results), file=progress)
+        print(f"\n{len(cells)} launches in {header['wall_time_s']:.0f} s; wrote {', '.join(written)} "
+              f"and raw/<cell>/rank<R>.json to {out}/", file=progress, flush=True)
+    return results
+
+
+def exit_status(results: dict) -> int:
+    """0 when every launch succeeded, else 1."""
+    return 0 if all(c["status"] == "ok" for c in results["cells"]) else 1
+

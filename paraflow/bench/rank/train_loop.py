@@ -1,0 +1,201 @@
+"""The timed training loop one rank runs for one model (the same loop for every backend).
+
+Per rank it records: every step's wall time after synchronising the device, the wall time of
+the whole timed window (started after a barrier), each step's loss, peak memory, and, for
+multi-process backends, interleaved pairs of steps with and without gradient synchronisation.
+Everything across ranks (max per step, throughput) is computed later from these raw numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Callable, ContextManager, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from ...examples.data import load_dataset
+from ...examples.models import build_model, count_parameters
+from ..driver.config import ModelSpec
+
+__all__ = ["run_training", "make_batches", "make_step", "local_update", "device_sync", "reset_peak_memory",
+           "peak_memory_bytes", "LEARNING_RATE"]
+
+LEARNING_RATE = 0.05
+#: Upper bound on timed steps however fast a step is.
+MAX_STEPS = 2000
+
+
+def device_sync(device: torch.device) -> None:
+    """Wait for queued GPU work so a timer reads the real end of a step."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> str:
+    """Start a new peak-memory window; returns what is measured ("cuda-allocated", "rss", "rss-since-start")."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return "cuda-allocated"
+    try:  # Linux: writing 5 resets this process's peak resident set size (VmHWM)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return "rss"
+    except OSError:
+        return "rss-since-start"
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak CUDA memory allocated by torch on `device`, else this process's peak resident set size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def make_batches(backend, data: str, batch_size: int, seed: int) -> tuple[Iterator, tuple, int]:
+    """An endless iterator over this rank's batches, the sample shape and the class count.
+
+    Each rank takes its shard with the backend's distributed sampler and cycles through it in
+    fixed-size batches, so data loading is not part of what is timed.
+    """
+    train_set, _ = load_dataset(data, seed=seed)
+    x_all, y_all = train_set.tensors
+    indices = torch.tensor(list(backend.distributed_sampler(train_set, shuffle=True, seed=seed)))
+    x, y = x_all[indices], y_all[indices]
+    if len(y) < batch_size:
+        repeat = -(-batch_size // len(y))
+        x, y = x.repeat(repeat, *([1] * (x.dim() - 1))), y.repeat(repeat)
+
+    def cycle() -> Iterator:
+        start = 0
+        while True:
+            if start + batch_size > len(y):
+                start = 0
+            yield x[start:start + batch_size], y[start:start + batch_size]
+            start += batch_size
+
+    return cycle(), tuple(x_all.shape[1:]), int(y_all.max()) + 1
+
+
+def make_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """One training step as every backend runs it: to device, zero grads, forward, backward, step."""
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x, y = x.to(device), y.to(device)
+        optimizer.zero_grad()  # torch >= 2: set_to_none=True
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def local_update(optimizer: torch.optim.Optimizer) -> ContextManager:
+    """Context in which ``optimizer.step()`` updates from this rank's gradients without communicating.
+
+    DDP's optimizer is torch's own and never communicates. Horovod's DistributedOptimizer
+    allreduces in ``step()`` every gradient its hooks left out, no_sync or not, unless inside its
+    ``skip_synchronize()``.
+    """
+    skip = getattr(optimizer, "skip_synchronize", None)
+    return skip() if callable(skip) else contextlib.nullcontext()
+
+
+def replicas(backend) -> int:
+    """Model replicas one step trains: the processes, or every GPU DataParallel splits over."""
+    if backend.name == "dp" and backend.device.type == "cuda":
+        return torch.cuda.device_count()
+    return backend.world_size
+
+
+def timed_steps(backend, warm_step_s: list, min_steps: int, min_window_s: float) -> int:
+    """Steps for the timed window: at least `min_steps`, and enough to last about `min_window_s`.
+
+    Estimated from the slowest rank's median warm-up step, so every rank runs the same count.
+    """
+    if min_window_s <= 0 or not warm_step_s:
+        return min_steps
+    estimate = torch.tensor([sorted(warm_step_s)[len(warm_step_s) // 2]], dtype=torch.float64)
+    slowest = float(backend.allreduce(estimate, op="max").item())
+    return int(max(min_steps, min(MAX_STEPS, math.ceil(min_window_s / max(slowest, 1e-6)))))
+
+
+def run_training(backend, spec: ModelSpec, data: str, batch_size: int, warmup: int, steps: int,
+                 seed: int, min_window_s: float = 0.0) -> dict:
+    """Time the steps of `spec` under `backend` after `warmup` untimed ones; this rank's numbers.
+
+    The timed window has at least `steps` steps and lasts at least about `min_window_s`; then,
+    for multi-process backends, half as many pairs of steps with and without gradient sync.
+    """
+    device = backend.device
+    step_batch = batch_size * (replicas(backend) if backend.world_size == 1 else 1)
+    batches, in_shape, classes = make_batches(backend, data, step_batch, seed)
+    memory_kind = reset_peak_memory(device)
+    torch.manual_seed(seed)
+    module = build_model(spec.name, in_shape, classes, **spec.kwargs)
+    parameters = count_parameters(module)
+    grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    model = backend.wrap_model(module)
+    optimizer = backend.wrap_optimizer(
+        torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
+    step = make_step(model, optimizer, device)
+
+    warm_s = []
+    for _ in range(warmup):
+        t0 = time.perf_counter()
+        step(*next(batches))
+        device_sync(device)
+        warm_s.append(time.perf_counter() - t0)
+    min_steps = steps
+    steps = timed_steps(backend, warm_s[len(warm_s) // 2:], min_steps, min_window_s)
+    backend.barrier()
+
+    step_s, losses = [], []
+    window_start = time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = step(*next(batches))
+        device_sync(device)
+        step_s.append(time.perf_counter() - t0)
+        losses.append(loss)
+    window_s = time.perf_counter() - window_start
+    result = {
+        "model": spec.label, "model_spec": str(spec), "parameters": parameters, "grad_bytes": grad_bytes,
+        "batch_per_rank": batch_size, "samples_per_step": step_batch, "replicas": replicas(backend),
+        "warmup": warmup, "steps": steps, "min_window_s": min_window_s, "step_s": step_s, "window_s": window_s,
+        "losses": [float(l) for l in losses], "loss_step": min_steps,
+    }
+
+    if backend.MULTI_PROCESS:
+        # Communication overhead: pairs of steps with and without gradient sync, order alternating.
+        backend.barrier()
+        sync_s, no_sync_s = [], []
+        for i in range(max(1, (steps + 1) // 2)):
+            for synced in ((True, False) if i % 2 == 0 else (False, True)):
+                t0 = time.perf_counter()
+                if synced:
+                    step(*next(batches))
+                else:
+                    with backend.no_sync(model), local_update(optimizer):
+                        step(*next(batches))
+                device_sync(device)
+                (sync_s if synced else no_sync_s).append(time.perf_counter() - t0)
+        result.update(sync_pair_step_s=sync_s, no_sync_step_s=no_sync_s)
+
+    result.update(peak_memory_bytes=peak_memory_bytes(device), memory_kind=memory_kind)
+    backend.barrier()
+    return result

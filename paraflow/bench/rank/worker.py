@@ -1,0 +1,129 @@
+"""What each rank of a benchmark launch runs; writes its raw numbers to OUT/rank<R>.json.
+
+    <launcher> python -m paraflow.bench.rank.worker --out DIR --backend NAME --model mlp --model cnn \
+        [--allreduce-sizes 4096,65536] ...
+    python -m paraflow.bench.rank.worker --out DIR --memcpy-sizes 4096,65536 --threads 1
+    torchrun --nproc_per_node 2 -m paraflow.bench.rank.worker --out DIR --backend ddp-gloo --overhead mlp
+
+The file is rewritten after every task, so a launch that dies part-way keeps what it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+
+__all__ = ["main", "transport_of"]
+
+
+def transport_of(backend) -> str:
+    """How this backend moves tensors between replicas: nccl, gloo, mpi, or none."""
+    transport = getattr(backend, "transport", None)
+    if isinstance(transport, str):
+        return transport
+    if backend.name == "horovod":
+        import horovod.torch as hvd
+        return "mpi" if hvd.mpi_enabled() else "gloo"
+    if backend.name == "dp" and backend.device.type == "cuda" and torch.cuda.device_count() > 1:
+        return "cuda copies"
+    return "none"
+
+
+class RankFile:
+    """This rank's JSON, rewritten atomically after each task."""
+
+    def __init__(self, directory: Path, rank: int, meta: dict) -> None:
+        self.path = directory / f"rank{rank}.json"
+        self.data = {**meta, "tasks": {}}
+        self.write()
+
+    def add(self, task: str, result: dict) -> None:
+        self.data["tasks"][task] = result
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data))
+        os.replace(tmp, self.path)
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(s) for s in text.split(",") if s]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, help="folder for rank<R>.json")
+    p.add_argument("--backend", help="paraflow backend to train under")
+    p.add_argument("--model", action="append", default=[], help="model spec to train (repeatable)")
+    p.add_argument("--allreduce-sizes", type=_sizes, default=[], help="comma-separated bytes")
+    p.add_argument("--memcpy-sizes", type=_sizes, default=[], help="comma-separated bytes")
+    p.add_argument("--overhead", help="model spec for paraflow-vs-raw abstraction overhead")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for the memory copy")
+    p.add_argument("--data", default="synthetic")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30, help="timed steps, at least")
+    p.add_argument("--min-window", type=float, default=0.0, help="seconds the timed window lasts, at least")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def _meta(backend=None) -> dict:
+    meta = {"host": socket.gethostname(), "pid": os.getpid(), "torch_threads": torch.get_num_threads()}
+    if backend is not None:
+        meta.update(rank=backend.rank, world_size=backend.world_size, local_rank=backend.local_rank,
+                    local_world_size=backend.local_world_size, backend=backend.name,
+                    launcher=backend.launcher, transport=transport_of(backend), device=str(backend.device))
+    else:
+        meta.update(rank=0, world_size=1, local_rank=0, local_world_size=1, device="cpu")
+    return meta
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.memcpy_sizes:
+        from .memcpy import run_memcpy
+        threads = args.threads or int(os.environ.get("PARAFLOW_NUM_THREADS", "1"))
+        result = run_memcpy(args.memcpy_sizes, threads)
+        RankFile(args.out, 0, _meta()).add("memcpy", result)
+        return 0
+    if not args.backend:
+        print("worker: --backend is required for training, allreduce and overhead tasks", file=sys.stderr)
+        return 2
+
+    from ..driver.config import ModelSpec
+    if args.overhead:
+        from .overhead import run_overhead
+        result = run_overhead(args.backend, ModelSpec.parse(args.overhead), args.data, args.batch_size,
+                              args.warmup, args.steps, args.seed)
+        meta = {"host": socket.gethostname(), "pid": os.getpid(), "torch_threads": torch.get_num_threads(),
+                "rank": result["rank"], "world_size": result["world_size"], "backend": args.backend,
+                "device": result["device"]}
+        RankFile(args.out, result["rank"], meta).add("overhead", result)
+        return 0
+
+    import paraflow
+    from .train_loop import run_training
+    with paraflow.init(args.backend) as backend:
+        rank_file = RankFile(args.out, backend.rank, _meta(backend))
+        for text in args.model:
+            spec = ModelSpec.parse(text)
+            result = run_training(backend, spec, args.data, args.batch_size, args.warmup, args.steps, args.seed,
+                                  args.min_window)
+            rank_file.add(f"train/{spec}", result)
+        if args.allreduce_sizes:
+            from .allreduce import run_allreduce
+            rank_file.add("allreduce", run_allreduce(backend, args.allreduce_sizes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The header every benchmark output starts with: versions, hardware, threads, launchers, commands."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from typing import Optional
+
+__all__ = ["collect_header", "header_lines", "busy_warning", "UNITS"]
+
+UNITS = "GB = 1e9 bytes, MB = 1e6 bytes; GB/s = 1e9 bytes per second; times are wall-clock"
+
+
+def _version(package: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _mpi_version() -> str:
+    import shutil
+    import sys
+    local = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    mpirun = local if os.access(local, os.X_OK) else shutil.which("mpirun")
+    if not mpirun:
+        return "not installed (no mpirun on PATH)"
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20)
+        lines = [l.strip() for l in (out.stdout or out.stderr).splitlines() if l.strip()]
+        return lines[0] if lines else "unknown"
+    except Exception as exc:  # not installed, or refused to start
+        return f"not available ({exc})"
+
+
+def _horovod() -> str:
+    version = _version("horovod")
+    if version is None:
+        return "not installed"
+    try:
+        import horovod.torch as hvd
+        parts = [name for name, built in (("MPI", hvd.mpi_built()), ("gloo", hvd.gloo_built()),
+                                          ("NCCL", hvd.nccl_built())) if built]
+        return f"{version} (built with {', '.join(parts) or 'no controller'})"
+    except Exception as exc:  # installed but its extension does not load
+        return f"{version} (does not load: {exc})"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def collect_header(threads_per_process: dict, launchers: list, commands: list) -> dict:
+    """Everything a reader needs to reproduce or judge the numbers.
+
+    Args:
+        threads_per_process: process count -> torch threads each process used.
+        launchers: the launchers the run used.
+        commands: the exact command of every launch.
+    """
+    import torch
+    import torch.distributed as dist
+    from ... import __version__
+    from ...core.placement import cores
+    gpu = "none"
+    nccl = "not available (no CUDA)"
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        gpu = f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception as exc:  # a CUDA build without NCCL
+            nccl = f"not available ({exc})"
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "paraflow": __version__, "python": platform.python_version(),
+        "torch": torch.__version__, "horovod": _horovod(), "mpi": _mpi_version(),
+        "gloo": f"bundled with torch {torch.__version__}" if dist.is_available() and dist.is_gloo_available()
+        else "not available",
+        "nccl": nccl, "cpu": _cpu_model(), "gpu": gpu, "cores": cores(),
+        "threads_per_process": {str(k): v for k, v in sorted(threads_per_process.items())},
+        "load_average_1min": {"start": round(os.getloadavg()[0], 2)},
+        "launchers": launchers, "commands": commands, "units": UNITS,
+    }
+
+
+def busy_warning(header: dict) -> Optional[str]:
+    """A warning when other work competed for the CPU: a 1-min load average above the core count."""
+    load = header["load_average_1min"]
+    busiest = max(v for v in (load.get("start"), load.get("end")) if v is not None)
+    if busiest <= header["cores"]:
+        return None
+    return (f"WARNING: this machine was busy (1-min load average up to {busiest:g} on {header['cores']} cores): "
+            "other processes competed for the CPU, so timings are noisy; rerun on a quiet machine to compare.")
+
+
+def header_lines(header: dict, with_commands: bool = True) -> list[str]:
+    """The header as plain lines (the caller prefixes them for Markdown, CSV or a plot)."""
+    threads = ", ".join(f"{n} process{'es' * (int(n) > 1)}: {t}" for n, t in header["threads_per_process"].items())
+    load = header["load_average_1min"]
+    lines = [
+        f"paraflow {header['paraflow']} · {header['date']} · host {header['host']}",
+        f"torch {header['torch']} · horovod {header['horovod']} · MPI: {header['mpi']} · "
+        f"gloo: {header['gloo']} · NCCL: {header['nccl']}",
+        f"CPU: {header['cpu']} · {header['cores']} cores · GPU: {header['gpu']} · python {header['python']}",
+        f"threads per process ({threads}) · launchers: {', '.join(header['launchers'])} · "
+        f"1-min load average: {load.get('start')} at start, {load.get('end', '?')} at end",
+        f"units: {header['units']}",
+    ]
+    warning = busy_warning(header)
+    if warning:
+        lines.append(warning)
+    if with_commands:
+        lines.append("commands:")
+        lines += [f"  {c}" for c in header["commands"]]
+    return lines

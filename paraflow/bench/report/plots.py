@@ -1,0 +1,119 @@
+"""PNG plots with matplotlib's Agg backend: throughput against process count, busbw against size."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from ...errors import MissingDependencyError
+from .header import busy_warning, header_lines
+
+__all__ = ["write_plots", "size_label", "require_pyplot"]
+
+
+def require_pyplot():
+    """matplotlib.pyplot on the Agg backend, or a clear error saying how to install it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependencyError(
+            "the benchmark plots need matplotlib, which is not installed; install the benchmark extras: "
+            "`pip install 'paraflow[bench]'`, or run with --no-plots.") from None
+    return plt
+
+
+def size_label(size: int) -> str:
+    """4096 -> 4K, 67108864 -> 64M (powers of 1024, as the sizes were given)."""
+    for unit, scale in (("G", 1024 ** 3), ("M", 1024 ** 2), ("K", 1024)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+def _footer(fig, header: dict) -> float:
+    """Write the header under the plot, wrapped to the figure's width; returns its height (0..1)."""
+    lines = header_lines(header, with_commands=False)[:4] + ["exact commands: results.md"]
+    warning = busy_warning(header)
+    if warning:
+        lines.append(warning)
+    width = int(fig.get_figwidth() * 17)  # 6.5 pt monospace: about 17 characters per inch
+    wrapped = [part for line in lines for part in textwrap.wrap(line, width, subsequent_indent="  ")]
+    fig.text(0.01, 0.01, "\n".join(wrapped), fontsize=6.5, family="monospace", va="bottom", ha="left",
+             color="#444444" if not warning else "#a01010")
+    return (len(wrapped) * 0.115 + 0.15) / fig.get_figheight()
+
+
+def _throughput(rows: list, header: dict, path: Path) -> None:
+    plt = require_pyplot()
+    ok = [r for r in rows if r["status"] == "ok"]
+    models = list(dict.fromkeys(r["model"] for r in ok))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 5.4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        mine = [r for r in ok if r["model"] == model]
+        base = next((r for r in mine if r["backend"] == "single"), None)
+        counts = sorted({r["processes"] for r in mine})
+        series = {}
+        for r in mine:
+            series.setdefault(f"{r['backend']} · {r['launcher']}", []).append(r)
+        for label, points in series.items():
+            points.sort(key=lambda r: r["processes"])
+            ax.plot([p["processes"] for p in points], [p["samples_per_s"] for p in points],
+                    marker="o", linestyle="-" if len(points) > 1 else "none", label=label)
+        if base:
+            ideal = [base["samples_per_s"] * n for n in counts]
+            ax.plot(counts, ideal, color="grey", linestyle="--", linewidth=1, label="ideal: n × single")
+        ax.set_title(model, fontsize=10)
+        ax.set_xlabel("processes")
+        ax.set_ylabel("samples/s (global)")
+        ax.set_xticks(counts)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Training throughput against process count (weak scaling: fixed batch per process)")
+    fig.tight_layout(rect=(0, _footer(fig, header), 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _busbw(rows: list, memcpy: list, header: dict, path: Path) -> None:
+    plt = require_pyplot()
+    ok = [r for r in rows if r["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(9, 6.2))
+    series = {}
+    for r in ok:
+        series.setdefault(f"{r['backend']} · {r['launcher']} · {r['processes']} procs ({r['transport']})", []).append(r)
+    for label, points in series.items():
+        ax.plot([p["size_bytes"] for p in points], [p["busbw_gbps"] for p in points], marker="o", label=label)
+    for device in dict.fromkeys(r["device"] for r in memcpy):
+        points = [r for r in memcpy if r["device"] == device]
+        ax.plot([p["size_bytes"] for p in points], [p["gbps"] for p in points], color="black", linestyle="--",
+                linewidth=1, label=f"memcpy on {device} ({points[0]['threads']} thread(s))")
+    sizes = sorted({r["size_bytes"] for r in ok} | {r["size_bytes"] for r in memcpy})
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([size_label(s) for s in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s, GB = 1e9 bytes)")
+    ax.set_title("Allreduce bus bandwidth against message size (float32 sum)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout(rect=(0, _footer(fig, header), 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_plots(results: dict, out: Path) -> list:
+    """throughput.png and busbw.png (when there is something to draw); returns the file names."""
+    tables, header = results["tables"], results["header"]
+    written = []
+    if any(r["status"] == "ok" for r in tables["training"]):
+        _throughput(tables["training"], header, out / "throughput.png")
+        written.append("throughput.png")
+    if any(r["status"] == "ok" for r in tables["allreduce"]):
+        _busbw(tables["allreduce"], tables["memcpy"], header, out / "busbw.png")
+        written.append("busbw.png")
+    return written

@@ -1,0 +1,1 @@
+"""The Backend contract, its common options, device and thread placement, and the registry."""

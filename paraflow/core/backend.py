@@ -1,0 +1,289 @@
+"""The Backend interface: one API for every data-parallel method."""
+
+from __future__ import annotations
+
+import abc
+import atexit
+import contextlib
+from typing import Any, ContextManager, Iterator, Mapping, MutableMapping, Optional
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..environment.launchers import ProcessEnvironment, detect_environment
+from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError
+from .collectives import Collectives
+from .options import COMMON_OPTIONS, check_accumulation_steps, check_compression, timeout_seconds
+from .placement import select_device, threads_per_process
+from ..reliability.failures import abort_mpi_job_on_uncaught_error
+from ..training.precision import GradScaler, autocast, check_precision, check_precision_on
+from ..training.sampler import ShardSampler
+
+__all__ = ["Backend"]
+
+
+class Backend(Collectives, abc.ABC):
+    """A data-parallel method behind one API.
+
+    Create with :func:`paraflow.get_backend` or :func:`paraflow.init`, then ``init()``;
+    use as a context manager to shut down on exit.
+
+    Args:
+        name: the registered name this backend was created under.
+        num_threads: torch threads per process on CPU (default: cores // local processes,
+            or PARAFLOW_NUM_THREADS).
+        timeout: seconds a collective may wait before failing (default 600, or PARAFLOW_TIMEOUT).
+        world_size: the number of processes you expect; a mismatch with the launcher fails.
+        device: "cpu" or "cuda" (default: CUDA when the backend uses it and it is available).
+        precision: "fp32" (default), "bf16" or "fp16": the dtype :meth:`autocast` computes in;
+            "fp16" also turns on :meth:`grad_scaler`'s loss scaling.
+        compression: gradient compression on the wire, "none" (default), "fp16" or "bf16";
+            a backend that cannot do the one asked for raises ConfigurationError (COMPRESSIONS).
+        accumulation_steps: micro-batches per optimizer step under :meth:`accumulate` (default 1).
+    """
+
+    #: Backend-specific option names accepted besides the common ones.
+    OPTIONS: frozenset = frozenset()
+    #: Whether one process may be one of several started by a launcher.
+    MULTI_PROCESS = True
+    #: Gradient compressions this backend can do; anything else fails at construction.
+    COMPRESSIONS: frozenset = frozenset({"none"})
+    #: Why the compressions missing from COMPRESSIONS are missing (for the error message).
+    COMPRESSION_LIMIT = "it communicates no gradients between processes"
+
+    def __init__(self, name: str, *, num_threads: Optional[int] = None,
+                 timeout: Optional[float] = None, world_size: Optional[int] = None,
+                 device: Optional[str] = None, precision: str = "fp32", compression: str = "none",
+                 accumulation_steps: int = 1, **options: Any) -> None:
+        unknown = set(options) - self.OPTIONS
+        if unknown:
+            accepted = sorted(self.OPTIONS | COMMON_OPTIONS)
+            raise ConfigurationError(
+                f"backend {name!r} does not take option(s) {', '.join(sorted(unknown))}; "
+                f"it accepts: {', '.join(accepted)}."
+            )
+        self.name = name
+        self.options = options
+        self.num_threads = num_threads
+        self.timeout = timeout_seconds(timeout)
+        self.expected_world_size = world_size
+        self.requested_device = device
+        self.precision = check_precision(precision)
+        self.compression = check_compression(name, compression, self.COMPRESSIONS, self.COMPRESSION_LIMIT)
+        self.accumulation_steps = check_accumulation_steps(accumulation_steps)
+        self._micro_batches = 0
+        self.env: Optional[ProcessEnvironment] = None
+        self.device = torch.device("cpu")
+        self._initialized = False
+
+    # ---------------------------------------------------------------- lifecycle
+    @classmethod
+    def unavailable_reason(cls, **presets: Any) -> Optional[str]:
+        """None when this backend can run on this machine, else why it cannot."""
+        return None
+
+    def init(self, environment: Optional[ProcessEnvironment] = None) -> "Backend":
+        """Join the job: detect the launcher, pin the device and threads, start communication."""
+        if self._initialized:
+            return self
+        reason = self.unavailable_reason(**self._presets())
+        if reason:
+            raise BackendUnavailableError(f"backend {self.name!r} cannot run here: {reason}")
+        self.env = environment or detect_environment()
+        self._check_launcher(self.env)
+        self.device = select_device(self.requested_device, self._uses_cuda(), self.local_rank)
+        check_precision_on(self.precision, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        else:
+            torch.set_num_threads(threads_per_process(self.num_threads, self.local_world_size))
+        self._init()
+        if self.env.is_mpi:
+            abort_mpi_job_on_uncaught_error()
+        self._initialized = True
+        return self
+
+    def shutdown(self) -> None:
+        """Leave the job and release communication resources; safe to call twice."""
+        if self._initialized:
+            self._initialized = False
+            self._shutdown()
+
+    def __enter__(self) -> "Backend":
+        return self.init()
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None or self.env is None or self.world_size == 1:
+            self.shutdown()
+        else:
+            # Leaving on an error: stay connected until the process exits, so that its traceback
+            # is printed before the other ranks see it go (and report their own, later, errors).
+            atexit.register(self.shutdown)
+
+    def __repr__(self) -> str:
+        where = f"rank {self.rank}/{self.world_size}" if self.env else "not initialised"
+        return f"<{type(self).__name__} {self.name!r} {where} on {self.device}>"
+
+    # ---------------------------------------------------------------- identity
+    @property
+    def rank(self) -> int:
+        """Global rank of this process."""
+        return self._env().rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return self._env().world_size
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its host."""
+        return self._env().local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of processes on this host."""
+        return self._env().local_world_size
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the process that logs and writes."""
+        return self.rank == 0
+
+    @property
+    def launcher(self) -> str:
+        """The launcher that started this process (torchrun, openmpi, slurm, python, ...)."""
+        return self._env().launcher
+
+    # ---------------------------------------------------------------- training
+    @abc.abstractmethod
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Move `model` to this process's device and wrap it for gradient synchronisation."""
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer,
+                       model: Optional[nn.Module] = None) -> torch.optim.Optimizer:
+        """Return an optimizer whose step sees synchronised gradients (unchanged by default)."""
+        return optimizer
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's own module inside whatever `wrap_model` returned."""
+        return getattr(model, "module", model)
+
+    def no_sync(self, model: nn.Module) -> ContextManager:
+        """Context in which backward passes accumulate gradients locally without communicating."""
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def accumulate(self, model: nn.Module) -> Iterator[bool]:
+        """Context for one micro-batch's forward and backward under gradient accumulation.
+
+        Yields True on every ``accumulation_steps``-th micro-batch (counted across epochs): the
+        backward inside it reduces the summed gradients across ranks, and the optimizer should
+        step after it. On the others gradients only accumulate locally (DDP's ``no_sync``;
+        Horovod's ``backward_passes_per_step``). Scale each loss by ``1 / accumulation_steps``.
+        """
+        self._micro_batches += 1
+        sync = self._micro_batches % self.accumulation_steps == 0
+        with contextlib.nullcontext() if sync else self._skip_gradient_sync(model):
+            yield sync
+
+    def _skip_gradient_sync(self, model: nn.Module) -> ContextManager:
+        """What :meth:`accumulate` enters on micro-batches that must not communicate."""
+        return self.no_sync(model)
+
+    def autocast(self) -> ContextManager:
+        """torch.autocast to this backend's ``precision`` on its device; a no-op for fp32."""
+        return autocast(self.precision, self.device)
+
+    def grad_scaler(self, **kwargs: Any) -> GradScaler:
+        """A gradient scaler, enabled for ``precision="fp16"`` only (a pass-through otherwise).
+
+        Use it the torch way whatever the precision: ``scaler.scale(loss).backward()``,
+        ``scaler.step(optimizer)``, ``scaler.update()``; its ``state_dict`` goes in checkpoints.
+        `kwargs` go to ``torch.amp.GradScaler`` (init_scale, growth_interval, ...).
+        """
+        return GradScaler(self.device.type, enabled=self.precision == "fp16", **kwargs)
+
+    def join(self, model: nn.Module, *stateful: Any, enable: bool = True) -> ContextManager:
+        """Context around a training loop whose ranks may run different numbers of batches.
+
+        Ranks that finish early keep serving the others' gradient allreduces (a finished rank
+        counts as a zero gradient) instead of hanging; on leaving, the model and every object in
+        `stateful` (optimizer, grad scaler: anything with ``state_dict``) are copied from the last
+        rank to finish. Other collectives must not run inside. One-process backends: no-op.
+        """
+        return contextlib.nullcontext()
+
+    def distributed_sampler(self, dataset: Dataset, shuffle: bool = True, seed: int = 0,
+                            drop_last: bool = False) -> ShardSampler:
+        """A sampler giving this rank its shard of `dataset`; call ``set_epoch`` each epoch.
+
+        Every sample goes to exactly one rank per epoch, reshuffled each epoch from `seed`. With
+        ``drop_last=False`` shard lengths may differ by one (train under :meth:`join`); with
+        ``drop_last=True`` the ``len(dataset) % world_size`` remainder is left out of each epoch
+        so all shards are equal. See :class:`paraflow.training.sampler.ShardSampler`.
+        """
+        return ShardSampler(dataset, num_replicas=self.world_size, rank=self.rank,
+                            shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, path: str, state: Mapping[str, Any]) -> None:
+        """Write `state` to `path` atomically from rank 0; call on every rank.
+
+        Modules are saved unwrapped, objects with ``state_dict`` by their state dict, anything
+        else as it is; every rank's RNG states are added. See :mod:`paraflow.training.checkpoint`.
+        """
+        from ..training.checkpoint import save_checkpoint
+        save_checkpoint(self, path, state)
+
+    def load(self, path: str, state: Optional[MutableMapping[str, Any]] = None) -> dict:
+        """Restore `state` in place from `path` on every rank, after a barrier, on this device.
+
+        Returns the saved entries not restored into an object (epoch, step, ...); RNG states are
+        restored too. Works across backends. See :mod:`paraflow.training.checkpoint`.
+        """
+        from ..training.checkpoint import load_checkpoint
+        return load_checkpoint(self, path, state)
+
+    # ---------------------------------------------------------------- for subclasses
+    @abc.abstractmethod
+    def _init(self) -> None:
+        """Start this backend's communication; the environment and device are set."""
+
+    def _shutdown(self) -> None:
+        """Tear down what `_init` started."""
+
+    def _uses_cuda(self) -> bool:
+        """Whether this backend puts models on CUDA when a GPU is present."""
+        return torch.cuda.is_available()
+
+    def _presets(self) -> dict:
+        return {}
+
+    # ---------------------------------------------------------------- helpers
+    def _env(self) -> ProcessEnvironment:
+        if self.env is None:
+            raise ParaflowError(f"backend {self.name!r} is not initialised; call init() first.")
+        return self.env
+
+    def _check_launcher(self, env: ProcessEnvironment) -> None:
+        if self.expected_world_size is not None and self.expected_world_size != env.world_size:
+            if env.launcher == "python":
+                raise LauncherError(
+                    f"world_size={self.expected_world_size} was requested but no launcher started "
+                    f"this process (plain python is one process). Launch it with `torchrun "
+                    f"--nproc_per_node {self.expected_world_size} train.py --backend {self.name}` "
+                    f"or `mpirun -np {self.expected_world_size} python train.py --backend {self.name}`."
+                )
+            raise LauncherError(
+                f"world_size={self.expected_world_size} was requested but {env.launcher} started "
+                f"{env.world_size} processes; make the two agree."
+            )
+        if not self.MULTI_PROCESS and env.world_size > 1:
+            raise LauncherError(
+                f"backend {self.name!r} runs in one process, but {env.launcher} started "
+                f"{env.world_size}. Run it with plain python (`python train.py --backend {self.name}`),"
+                f" or use a multi-process backend: `torchrun --nproc_per_node {env.world_size} "
+                f"train.py --backend ddp`."
+            )

@@ -1,0 +1,108 @@
+"""The public collectives every backend shares, turned into a few subclass hooks.
+
+The public calls check their input, agree across ranks on what is called
+(:mod:`paraflow.reliability.collective_check`) and translate communication failures
+(:mod:`paraflow.reliability.failures`); a backend implements only ``_allreduce``,
+``_broadcast``, ``_allgather`` and optionally ``_barrier``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Any, Iterator, Optional
+
+import torch
+
+from ..errors import ConfigurationError
+from ..reliability.collective_check import check_collective
+from ..reliability.failures import collective_errors
+from .options import REDUCE_OPS
+
+__all__ = ["Collectives", "LocalCollectives"]
+
+
+class Collectives(abc.ABC):
+    """allreduce, broadcast, allgather and barrier over the ranks of an initialised backend."""
+
+    def allreduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """Reduce `tensor` over all ranks with `op` (sum, mean, min, max); input is unchanged."""
+        self._check_tensor(tensor, "allreduce")
+        if op not in REDUCE_OPS:
+            raise ConfigurationError(f"allreduce op {op!r} is not one of {', '.join(REDUCE_OPS)}.")
+        if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
+            raise ConfigurationError(
+                f"allreduce op 'mean' needs a floating-point tensor, got {tensor.dtype}; "
+                "use op='sum' and divide, or convert with tensor.double()."
+            )
+        with self._guard("allreduce", tensor, op=op):
+            return self._allreduce(tensor.detach().clone(), op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Return rank `src`'s `tensor` on every rank; input is unchanged."""
+        self._check_tensor(tensor, "broadcast")
+        if not 0 <= src < self.world_size:
+            raise ConfigurationError(f"broadcast src={src} is outside ranks 0..{self.world_size - 1}.")
+        with self._guard("broadcast", tensor, src=src):
+            return self._broadcast(tensor.detach().clone(), src)
+
+    def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Return every rank's `tensor` (same shape on all ranks), indexed by rank."""
+        self._check_tensor(tensor, "allgather")
+        with self._guard("allgather", tensor):
+            return self._allgather(tensor.detach().contiguous())
+
+    def barrier(self) -> None:
+        """Wait until every rank reaches this call."""
+        self._env()
+        with self._guard("barrier"):
+            self._barrier()
+
+    @contextlib.contextmanager
+    def _guard(self, collective: str, tensor: Optional[torch.Tensor] = None,
+               **arguments: Any) -> Iterator[None]:
+        """Around one collective: all ranks must agree on it (paraflow.reliability.collective_check), and
+        communication failures leave as paraflow errors (paraflow.reliability.failures)."""
+        with collective_errors(self, collective):
+            if self.world_size > 1:
+                check_collective(self, collective, tensor, **arguments)
+            yield
+
+    # ---------------------------------------------------------------- for subclasses
+    @abc.abstractmethod
+    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """Reduce the private copy `tensor` in place or not, and return the result."""
+
+    @abc.abstractmethod
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Broadcast the private copy `tensor` from `src` and return it."""
+
+    @abc.abstractmethod
+    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Gather `tensor` from every rank."""
+
+    def _barrier(self) -> None:
+        """Block until every rank arrives (default: a one-element allreduce)."""
+        self._allreduce(torch.zeros(1, device=self.device), "sum")
+
+    def _check_tensor(self, tensor: Any, collective: str) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise ConfigurationError(f"{collective} takes a torch.Tensor, got {type(tensor).__name__}.")
+        self._env()
+
+
+class LocalCollectives:
+    """Collectives for a single process: every result is this process's own tensor."""
+
+    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        return tensor
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        return tensor
+
+    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return [tensor.clone()]
+
+    def barrier(self) -> None:
+        """Nothing to wait for in one process."""
+

@@ -1,0 +1,104 @@
+"""Backend names mapped to classes and preset options; heavy modules are imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from ..errors import ConfigurationError, UnknownBackendError
+
+__all__ = ["register", "register_backend", "registered_names", "create", "BackendSpec", "available_backends"]
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A registered name: where its class lives and the options it presets."""
+
+    name: str
+    target: Union[str, type]  # a class, or "module:Class" imported on first use
+    presets: dict = field(default_factory=dict)
+    description: str = ""
+
+    def load(self) -> type:
+        """Import and return the backend class."""
+        if not isinstance(self.target, str):
+            return self.target
+        module, _, cls = self.target.partition(":")
+        try:
+            return getattr(importlib.import_module(module), cls)
+        except AttributeError:
+            raise ConfigurationError(
+                f"backend {self.name!r} is registered as {self.target!r}, but module {module!r} has no "
+                f"{cls!r}; fix the register_backend call.") from None
+
+
+_REGISTRY: dict[str, BackendSpec] = {}
+
+
+def register(name: str, target: Union[str, type], description: str = "", **presets: Any) -> None:
+    """Register `target` (a class or "module:Class") under `name` with preset keyword options."""
+    _REGISTRY[name] = BackendSpec(name, target, presets, description)
+
+
+def register_backend(name: str, backend: Union[str, type], *, description: str = "", replace: bool = False,
+                     **presets: Any) -> None:
+    """Make a backend available to :func:`paraflow.init` and ``--backend`` under `name`.
+
+    Args:
+        name: the name users pick it by (``paraflow.init(name)``, ``PARAFLOW_BACKEND``).
+        backend: a :class:`paraflow.Backend` subclass, or ``"module:Class"`` imported on first use
+            (so a backend with heavy dependencies costs nothing until chosen).
+        description: one line for ``paraflow list``.
+        replace: allow `name` to replace an existing registration (else an error).
+        **presets: keyword options passed to the class whenever it is created under `name`;
+            one class can be registered under several names with different presets.
+    """
+    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+        raise ConfigurationError(f"a backend name is a non-empty word, got {name!r}.")
+    if isinstance(backend, str):
+        if ":" not in backend:
+            raise ConfigurationError(f"register {name!r} with a class or 'module:Class', got {backend!r}.")
+    else:
+        from .backend import Backend
+        if not (isinstance(backend, type) and issubclass(backend, Backend)):
+            raise ConfigurationError(f"backend {name!r} must be a paraflow.Backend subclass, got {backend!r}.")
+    if name in _REGISTRY and not replace:
+        raise ConfigurationError(
+            f"backend {name!r} is already registered ({_REGISTRY[name].target}); pick another name "
+            "or pass replace=True.")
+    register(name, backend, description, **presets)
+
+
+def registered_names() -> list[str]:
+    """Every registered backend name, in registration order."""
+    return list(_REGISTRY)
+
+
+def spec(name: str) -> BackendSpec:
+    """The registration of `name`; unknown names get the list of known ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownBackendError(
+            f"unknown backend {name!r}; known backends: {', '.join(_REGISTRY)}. "
+            "Pick one with --backend NAME or PARAFLOW_BACKEND=NAME."
+        ) from None
+
+
+def create(name: str, **options: Any):
+    """Instantiate backend `name` (not yet initialised); `options` override its presets."""
+    s = spec(name)
+    return s.load()(name=name, **{**s.presets, **options})
+
+
+def available_backends() -> dict[str, Optional[str]]:
+    """Map every registered name to None when it can run here, else the reason it cannot."""
+    result: dict[str, Optional[str]] = {}
+    for name, s in _REGISTRY.items():
+        try:
+            result[name] = s.load().unavailable_reason(**s.presets)
+        except ImportError as exc:  # a backend module whose own imports fail
+            result[name] = str(exc)
+    return result
+

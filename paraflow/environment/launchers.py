@@ -1,0 +1,189 @@
+"""Who is this process? Rank, world size and rank 0's address, read from the launcher.
+
+Launchers are tried in a fixed priority; the first whose variables are present wins:
+torchrun, SLURM srun, Open MPI, MPICH / Intel MPI, MVAPICH2, horovodrun, plain python.
+This module knows about environment variables only, never about a backend.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from ..errors import LauncherError
+
+__all__ = ["ProcessEnvironment", "detect_environment", "LAUNCHERS", "expand_hostlist", "launcher_variables"]
+
+
+@dataclass(frozen=True)
+class ProcessEnvironment:
+    """This process's place in the job, as the launcher described it."""
+
+    launcher: str
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when the launcher started more than one process."""
+        return self.world_size > 1
+
+    @property
+    def is_mpi(self) -> bool:
+        """True when an MPI launcher (mpirun, mpiexec) started this process."""
+        return self.launcher in ("openmpi", "mpich", "mvapich2")
+
+
+@dataclass(frozen=True)
+class _Launcher:
+    """The variables one launcher sets; `marker` decides whether it started this process."""
+
+    name: str
+    command: str
+    marker: str
+    rank: str
+    world_size: str
+    local_rank: Optional[str]
+    local_world_size: Optional[str]
+
+
+# Fixed priority: torchrun often runs inside an srun allocation, so it comes first.
+LAUNCHERS = (
+    _Launcher("torchrun", "torchrun --nproc_per_node N train.py", "RANK",
+              "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    _Launcher("slurm", "srun -n N python train.py", "SLURM_PROCID",
+              "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
+    _Launcher("openmpi", "mpirun -np N python train.py", "OMPI_COMM_WORLD_RANK",
+              "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+              "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    _Launcher("mpich", "mpiexec -n N python train.py", "PMI_RANK",
+              "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    _Launcher("mvapich2", "mpirun_rsh -np N python train.py", "MV2_COMM_WORLD_RANK",
+              "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+              "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),
+    _Launcher("horovodrun", "horovodrun -np N --gloo python train.py", "HOROVOD_RANK",
+              "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+)
+
+# Every variable a launcher sets for the processes it starts (besides MASTER_ADDR / MASTER_PORT).
+_LAUNCHER_PREFIXES = ("OMPI_COMM_WORLD_", "PMI_", "PMIX_", "SLURM_", "HOROVOD_", "MV2_COMM_WORLD_", "MPI_LOCAL")
+_LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                   "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def launcher_variables(env: Mapping[str, str]) -> list:
+    """The names in `env` a launcher set: to remove before starting a new job from inside one."""
+    return [key for key in env if key.startswith(_LAUNCHER_PREFIXES) or key in _LAUNCHER_NAMES]
+
+
+# Variables whose presence alone, without the rest of a launcher's set, means a half-set environment.
+_STRAY = ("WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE")
+
+
+def _int(env: Mapping[str, str], key: str, launcher: _Launcher) -> int:
+    value = env.get(key)
+    if value is None or value == "":
+        raise LauncherError(
+            f"{launcher.name} environment is half-set: {launcher.marker} is present but {key} is "
+            f"missing. Start the job with its launcher (`{launcher.command}`) instead of setting "
+            f"variables by hand, or set every one of them."
+        )
+    try:
+        return int(value)
+    except ValueError:
+        raise LauncherError(f"{key}={value!r} is not an integer (set by {launcher.name}?).") from None
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Expand a SLURM host list such as ``node[01-03,07],gpu1`` into host names."""
+    hosts: list[str] = []
+    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", hostlist):
+        prefix, ranges = match.group(1), match.group(2)
+        if not ranges:
+            hosts.append(prefix)
+            continue
+        for part in ranges.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                hosts.extend(f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1))
+            else:
+                hosts.append(prefix + part)
+    return hosts
+
+
+def _slurm_local_size(env: Mapping[str, str]) -> int:
+    """Tasks on this node, from SLURM's compressed per-node counts such as ``4(x2),3``."""
+    if env.get("SLURM_NTASKS_PER_NODE"):
+        return int(env["SLURM_NTASKS_PER_NODE"])
+    counts: list[int] = []
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+    for item in filter(None, spec.split(",")):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if m:
+            counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    node = int(env.get("SLURM_NODEID", "0"))
+    return counts[node] if node < len(counts) else 1
+
+
+def _master(launcher: str, env: Mapping[str, str]) -> tuple[Optional[str], Optional[int]]:
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if launcher == "slurm" and not addr:
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        addr = expand_hostlist(nodes)[0] if nodes else None
+        if not port and env.get("SLURM_JOB_ID"):
+            port = str(15000 + int(env["SLURM_JOB_ID"]) % 20000)
+    if launcher == "horovodrun" and not addr:
+        addr = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    return addr, int(port) if port else None
+
+
+def detect_environment(env: Optional[Mapping[str, str]] = None) -> ProcessEnvironment:
+    """Read this process's launcher, rank and world size from the environment.
+
+    Raises:
+        LauncherError: a launcher's variables are half-set or inconsistent.
+    """
+    env = os.environ if env is None else env
+    for launcher in LAUNCHERS:
+        if launcher.marker not in env:
+            continue
+        rank = _int(env, launcher.rank, launcher)
+        world = _int(env, "SLURM_STEP_NUM_TASKS" if launcher.name == "slurm" and "SLURM_STEP_NUM_TASKS" in env
+                     else launcher.world_size, launcher)
+        local_rank = _int(env, launcher.local_rank, launcher) if launcher.local_rank else 0
+        if launcher.local_world_size and launcher.local_world_size in env:
+            local_world = _int(env, launcher.local_world_size, launcher)
+        elif launcher.name == "slurm":
+            local_world = _slurm_local_size(env)
+        else:
+            local_world = world
+        if world < 1 or not 0 <= rank < world or not 0 <= local_rank < max(local_world, 1):
+            raise LauncherError(
+                f"inconsistent {launcher.name} environment: rank {rank}, world size {world}, "
+                f"local rank {local_rank}, local size {local_world}. Relaunch with `{launcher.command}`."
+            )
+        addr, port = _master(launcher.name, env)
+        return ProcessEnvironment(launcher.name, rank, world, local_rank, local_world, addr, port)
+    stray = [k for k in _STRAY if k in env]
+    if stray:
+        raise LauncherError(
+            f"found {', '.join(f'{k}={env[k]}' for k in stray)} but no rank variable, so no launcher "
+            f"started this process. Launch with `torchrun --nproc_per_node N train.py` or "
+            f"`mpirun -np N python train.py`, or unset {', '.join(stray)} to run one process."
+        )
+    return ProcessEnvironment("python", master_addr=env.get("MASTER_ADDR"),
+                              master_port=int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None)
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on this host right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,170 @@
+"""Before each collective, every rank learns what every other rank is about to do.
+
+torch's gloo does not check its inputs across ranks: an allreduce of float32[3] on one rank
+and float32[4] on another returns a 3-element sum on the first and aborts the second; a
+broadcast into a tensor of another dtype silently fills it with reinterpreted bytes. So before
+each of paraflow's own collectives the ranks allgather a small fixed-size int64 descriptor
+(which collective, its sequence number, dtype, shape, reduce op or source rank, call site)
+through the backend's own allgather, and every rank raises the same CollectiveError when
+they disagree, naming each rank and what it had.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import zlib
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from .debug import debug_enabled, trace
+from ..errors import CollectiveError
+
+if TYPE_CHECKING:
+    from ..core.backend import Backend
+
+__all__ = ["check_collective", "describe", "COLLECTIVES", "DESCRIPTOR_WORDS"]
+
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "barrier")
+_OPS = ("sum", "mean", "min", "max")
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+_MAGIC = 0x5041524146  # "PARAF": a descriptor, not some other collective's payload
+_MAX_DIMS = 6
+_SITE_BYTES = 96
+_HEADER = 8  # magic, collective, sequence, dtype, ndim, numel, argument, shape hash
+DESCRIPTOR_WORDS = _HEADER + _MAX_DIMS + _SITE_BYTES // 8
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # paraflow/
+_SKIPPED_FILES = (os.path.abspath(contextlib.__file__),)
+
+
+def _call_site() -> str:
+    """file:line of the first caller outside paraflow (about 1 µs)."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+                                 or frame.f_code.co_filename in _SKIPPED_FILES):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _encode(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int,
+            site: str) -> torch.Tensor:
+    words = [-1] * DESCRIPTOR_WORDS
+    words[0], words[1], words[2], words[6] = _MAGIC, COLLECTIVES.index(collective), sequence, argument
+    if tensor is not None:
+        shape = tuple(tensor.shape)
+        words[3] = (_DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES
+                    else 100 + zlib.crc32(str(tensor.dtype).encode()))
+        words[4], words[5] = len(shape), tensor.numel()
+        words[7] = hash(shape) & ((1 << 62) - 1)  # ints hash the same in every process
+        words[_HEADER:_HEADER + min(len(shape), _MAX_DIMS)] = shape[:_MAX_DIMS]
+    raw = site.encode()[:_SITE_BYTES].ljust(_SITE_BYTES, b"\0")
+    words[_HEADER + _MAX_DIMS:] = [int.from_bytes(raw[i:i + 8], "little", signed=True)
+                                   for i in range(0, _SITE_BYTES, 8)]
+    return torch.tensor(words, dtype=torch.int64)
+
+
+class _Descriptor:
+    """One rank's decoded descriptor."""
+
+    def __init__(self, words: list[int]) -> None:
+        self.valid = words[0] == _MAGIC and 0 <= words[1] < len(COLLECTIVES)
+        self.collective = COLLECTIVES[words[1]] if self.valid else "?"
+        self.sequence, self.dtype_code, self.ndim, self.numel, self.argument, self.shape_hash = (
+            words[2], words[3], words[4], words[5], words[6], words[7])
+        dims = words[_HEADER:_HEADER + min(max(self.ndim, 0), _MAX_DIMS)]
+        self.shape = "[" + ", ".join(map(str, dims)) + (", ...]" if self.ndim > _MAX_DIMS else "]")
+        raw = b"".join(w.to_bytes(8, "little", signed=True) for w in words[_HEADER + _MAX_DIMS:])
+        self.site = raw.rstrip(b"\0").decode(errors="replace") or "?"
+
+    @property
+    def dtype(self) -> str:
+        if 0 <= self.dtype_code < len(_DTYPES):
+            return str(_DTYPES[self.dtype_code]).replace("torch.", "")
+        return "?"
+
+    def key(self, field: str):
+        return {"collective": self.collective, "sequence": self.sequence, "dtype": self.dtype_code,
+                "shape": (self.ndim, self.numel, self.shape_hash), "argument": self.argument}[field]
+
+    def __str__(self) -> str:
+        if not self.valid:
+            return "something that is not a paraflow collective (a raw torch.distributed or horovod call?)"
+        if self.collective == "barrier":
+            call = "barrier()"
+        else:
+            arg = {"allreduce": f", op={_OPS[self.argument] if 0 <= self.argument < len(_OPS) else '?'}",
+                   "broadcast": f", src={self.argument}", "allgather": ""}[self.collective]
+            call = f"{self.collective}({self.dtype}{self.shape}{arg})"
+        return f"{call} as collective #{self.sequence} at {self.site}"
+
+
+_WHAT = {
+    "collective": "ranks called different collectives",
+    "sequence": ("ranks have made different numbers of paraflow collectives (a backend created "
+                 "again on some ranks only?)"),
+    "dtype": "the tensor's dtype differs across ranks",
+    "shape": "the tensor's shape differs across ranks",
+    "argument": "ranks passed different arguments",
+}
+
+
+def describe(descriptors: list[_Descriptor]) -> str:
+    """Every rank and what it called, ranks with the same call grouped."""
+    groups: dict[str, list[int]] = {}
+    for rank, d in enumerate(descriptors):
+        groups.setdefault(str(d), []).append(rank)
+    parts = []
+    for text, ranks in groups.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        parts.append(f"{who} called {text}")
+    return "; ".join(parts)
+
+
+def _mismatch(descriptors: list[_Descriptor]) -> Optional[str]:
+    if not all(d.valid for d in descriptors):
+        return "a rank is inside a different collective"
+    for field in ("collective", "dtype", "shape", "argument", "sequence"):
+        if len({d.key(field) for d in descriptors}) > 1:
+            return _WHAT[field]
+    return None
+
+
+def check_collective(backend: "Backend", collective: str, tensor: Optional[torch.Tensor] = None,
+                     op: Optional[str] = None, src: Optional[int] = None) -> None:
+    """Raise CollectiveError on every rank unless all ranks are about to run the same collective.
+
+    Call on every rank right before the collective itself. Costs one allgather of
+    ``DESCRIPTOR_WORDS`` int64 values through the backend's own ``_allgather`` (on gloo, an
+    allgather of a few dozen int64 values took half the time of an allreduce of as many).
+
+    Args:
+        backend: an initialised multi-process backend.
+        collective: one of COLLECTIVES.
+        tensor: the tensor about to be communicated (None for a barrier).
+        op: the allreduce op.
+        src: the broadcast source rank.
+    """
+    sequence = getattr(backend, "_collective_sequence", 0) + 1
+    backend._collective_sequence = sequence
+    argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
+    mine = _encode(collective, sequence, tensor, argument, _call_site())
+    if debug_enabled():
+        trace(backend.rank, str(_Descriptor(mine.tolist())))
+    if backend.device.type == "cuda":
+        mine = mine.to(backend.device)
+    gathered = torch.stack(backend._allgather(mine)).cpu()
+    compared = gathered[:, :_HEADER + _MAX_DIMS]  # everything but the call site
+    if bool((compared == compared[0]).all()):
+        return
+    descriptors = [_Descriptor(row) for row in gathered.tolist()]
+    problem = _mismatch(descriptors)
+    if problem:
+        raise CollectiveError(
+            f"{collective} on rank {backend.rank}: {problem}: {describe(descriptors)}. Every rank "
+            f"must call the same collectives in the same order, with tensors of the same shape and "
+            f"dtype and the same op / src.")

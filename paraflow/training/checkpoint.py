@@ -1,0 +1,230 @@
+"""Checkpoints that survive crashes and move between backends.
+
+``save`` is collective: every rank calls it, rank 0 alone writes. The write is atomic: a
+temporary file in the target's directory is written, flushed and fsynced, renamed over the
+target with ``os.replace``, and the directory is fsynced, so a crash or a full disk part-way
+leaves the previous checkpoint whole. ``load`` is collective too: every rank waits at a barrier,
+then reads the file itself (so the path must be on a file system every rank sees), mapped to its
+own device.
+
+Models are stored unwrapped (``backend.unwrap(model).state_dict()``), so a checkpoint written
+under one backend loads under any other. Each rank's RNG states (torch CPU, CUDA, Python,
+NumPy) are stored too and restored on load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import random
+import shutil
+import tempfile
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, MutableMapping, Optional
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, ConfigurationError
+from .object_collectives import allgather_objects
+
+if TYPE_CHECKING:
+    from ..core.backend import Backend
+
+__all__ = ["save_checkpoint", "load_checkpoint", "atomic_write", "capture_rng_state", "restore_rng_state",
+           "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+
+
+# ------------------------------------------------------------------------- RNG states
+def _numpy():
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
+def capture_rng_state(device: torch.device) -> dict:
+    """This process's RNG states: torch CPU, the CUDA device's (if `device` is one), Python, NumPy."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    np = _numpy()
+    if np is not None:
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        state["numpy"] = (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
+    """Restore what `capture_rng_state` returned; CUDA state only onto a CUDA device."""
+    torch.set_rng_state(state["torch"].cpu())
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+    np = _numpy()
+    if "numpy" in state and np is not None:
+        name, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))
+
+
+# ------------------------------------------------------------------------- atomic file write
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
+    """Write `path` through `write(file)` so that readers see the old file or the whole new one.
+
+    The bytes go to a temporary file next to `path`, are flushed and fsynced, and the file is
+    renamed over `path` (``os.replace``); then the directory is fsynced so the rename survives a
+    power loss. On any failure the temporary file is removed and `path` is untouched.
+    """
+    path = os.path.abspath(path)
+    directory, name = os.path.split(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_directory(directory)
+    for stale in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.*.tmp")):
+        with contextlib.suppress(OSError):  # left by a writer that was killed part-way
+            os.unlink(stale)
+
+
+def _free_space(path: str) -> str:
+    try:
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    except OSError:
+        return ""
+    return f" ({free / 2**20:.0f} MiB free there)"
+
+
+def _serialize(payload: Any, f: IO[bytes]) -> None:
+    torch.save(payload, f)
+
+
+# ------------------------------------------------------------------------- save / load
+def _saveable(backend: "Backend", value: Any) -> Any:
+    if isinstance(value, nn.Module):
+        return backend.unwrap(value).state_dict()
+    if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+        return value.state_dict()
+    return value
+
+
+def _agree(backend: "Backend", ok: bool) -> list[int]:
+    """Ranks (all of them see the same list) where `ok` is False; also a barrier."""
+    flags = backend.allgather(torch.tensor([int(ok)], dtype=torch.int64))
+    return [r for r, f in enumerate(flags) if not int(f.item())]
+
+
+def save_checkpoint(backend: "Backend", path: str, state: Mapping[str, Any]) -> None:
+    """Write `state` to `path` from rank 0, atomically; a collective call on every rank.
+
+    Args:
+        backend: the initialised backend.
+        path: the checkpoint file; its directory is created if needed.
+        state: names mapped to objects. Modules are saved unwrapped; anything with
+            ``state_dict()`` / ``load_state_dict()`` (optimizer, GradScaler, ShardSampler) by its
+            state dict; anything else (epoch, step, tensors, lists) as it is.
+
+    Raises:
+        CheckpointError: on every rank, when rank 0 could not write (the previous file at `path`
+            is left as it was).
+    """
+    rng = allgather_objects(backend, capture_rng_state(backend.device))
+    error: Optional[BaseException] = None
+    if backend.is_main:
+        payload = {
+            "paraflow": {"format": FORMAT_VERSION, "backend": backend.name, "world_size": backend.world_size},
+            "state": {key: _saveable(backend, value) for key, value in state.items()},
+            "rng": rng,
+        }
+        try:
+            atomic_write(path, lambda f: _serialize(payload, f))
+        except Exception as exc:  # reported on every rank below
+            error = exc
+    if _agree(backend, error is None):
+        cause = f"{error}{_free_space(path)}" if error is not None else "see rank 0 for the cause"
+        raise CheckpointError(
+            f"rank 0 could not write checkpoint {path}: {cause}; the previous file, if any, is intact."
+        ) from error
+
+
+def load_checkpoint(backend: "Backend", path: str, state: Optional[MutableMapping[str, Any]] = None,
+                    restore_rng: bool = True) -> dict:
+    """Read `path` on every rank after a barrier and restore `state` from it; a collective call.
+
+    Args:
+        backend: the initialised backend.
+        path: a file written by `save_checkpoint`, under any backend.
+        state: names mapped to the objects to restore in place (module, optimizer, scaler,
+            sampler); for plain values (epoch, step) the mapping's entry is replaced.
+            Every name must be in the checkpoint.
+        restore_rng: also restore this rank's RNG states (rank ``r`` takes the states rank
+            ``r % saved world size`` wrote).
+
+    Returns:
+        The saved entries that were not restored into an object: plain values and names not
+        in `state` (with `state=None`, everything, state dicts included).
+
+    Raises:
+        CheckpointError: the file is missing or unreadable on some rank (all ranks raise).
+        ConfigurationError: an entry is missing or does not fit its object.
+    """
+    backend.barrier()
+    checkpoint: Optional[dict] = None
+    error: Optional[BaseException] = None
+    try:
+        checkpoint = torch.load(path, map_location=backend.device, weights_only=True)
+        if not isinstance(checkpoint, dict) or "paraflow" not in checkpoint:
+            raise ValueError("not a paraflow checkpoint (written by something other than backend.save)")
+    except Exception as exc:
+        error = exc
+    failed = _agree(backend, error is None)
+    if failed:
+        raise CheckpointError(f"could not read checkpoint {path} on rank(s) {failed}"
+                              f"{': ' + str(error) if error is not None else ''}") from error
+    saved = checkpoint["state"]
+    rest = dict(saved)
+    for key, target in (state or {}).items():
+        if key not in saved:
+            raise ConfigurationError(f"checkpoint {path} has no entry {key!r}; it has: {', '.join(saved)}.")
+        if isinstance(target, nn.Module) or (hasattr(target, "load_state_dict") and hasattr(target, "state_dict")):
+            module = backend.unwrap(target) if isinstance(target, nn.Module) else target
+            try:
+                module.load_state_dict(saved[key])
+            except (RuntimeError, KeyError, ValueError) as exc:
+                raise ConfigurationError(
+                    f"checkpoint entry {key!r} does not fit this {type(target).__name__}: {exc}") from exc
+            del rest[key]
+        else:
+            state[key] = saved[key]
+    if restore_rng:
+        rng = checkpoint["rng"]
+        restore_rng_state(rng[backend.rank % len(rng)], backend.device)
+    return rest

@@ -1,0 +1,48 @@
+"""Picklable Python objects sent over any backend's tensor collectives."""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from ..core.backend import Backend
+
+__all__ = ["broadcast_object", "allgather_objects"]
+
+
+def _to_bytes(obj: Any) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _from_bytes(payload: torch.Tensor) -> Any:
+    return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location="cpu", weights_only=False)
+
+
+def broadcast_object(backend: "Backend", obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s `obj` on every rank (tensors inside arrive on the CPU); a collective call."""
+    if backend.world_size == 1:
+        return obj
+    payload = _to_bytes(obj) if backend.rank == src else torch.zeros(0, dtype=torch.uint8)
+    size = backend.broadcast(torch.tensor([payload.numel()], dtype=torch.int64), src=src)
+    if backend.rank != src:
+        payload = torch.zeros(int(size.item()), dtype=torch.uint8)
+    received = backend.broadcast(payload, src=src)
+    return obj if backend.rank == src else _from_bytes(received)
+
+
+def allgather_objects(backend: "Backend", obj: Any) -> list:
+    """Every rank's `obj`, indexed by rank; a collective call."""
+    if backend.world_size == 1:
+        return [obj]
+    payload = _to_bytes(obj)
+    sizes = backend.allgather(torch.tensor([payload.numel()], dtype=torch.int64))
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[:payload.numel()] = payload
+    gathered = backend.allgather(padded)
+    return [_from_bytes(t[:int(s.item())]) for t, s in zip(gathered, sizes)]

@@ -1,0 +1,101 @@
+"""Exact data sharding: every sample goes to exactly one rank per epoch, reshuffled each epoch."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sized, Union
+
+import torch
+from torch.utils.data import Sampler
+
+from ..errors import ConfigurationError
+
+__all__ = ["ShardSampler"]
+
+
+class ShardSampler(Sampler[int]):
+    """This rank's share of a dataset's indices, with no sample repeated or left out.
+
+    Each epoch one permutation of ``range(len(dataset))`` is drawn from ``seed + epoch`` (the same
+    on every rank, no communication) and dealt out like cards: rank ``r`` takes positions
+    ``r, r + n, r + 2n, ...``. Unlike torch's ``DistributedSampler`` nothing is repeated to pad
+    the shards, so an epoch covers every sample exactly once.
+
+    Args:
+        dataset: the dataset, or its length.
+        num_replicas: number of ranks sharing it.
+        rank: this rank, ``0 <= rank < num_replicas``.
+        shuffle: draw a new permutation each epoch; False keeps index order.
+        seed: base seed; must be the same on every rank.
+        drop_last: False (default): every sample once per epoch, so shard lengths may differ by
+            one (train under ``backend.join`` or the ranks may run different numbers of batches);
+            True: the last ``len(dataset) % num_replicas`` positions of each epoch's permutation
+            are left out, so every shard has the same length and every kept sample is seen once
+            (with shuffling, a different few are left out each epoch).
+    """
+
+    def __init__(self, dataset: Union[Sized, int], num_replicas: int, rank: int, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False) -> None:
+        size = dataset if isinstance(dataset, int) else len(dataset)
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ConfigurationError(f"rank {rank} is not in 0..{num_replicas - 1} (num_replicas={num_replicas}).")
+        if size < 0:
+            raise ConfigurationError(f"dataset length must not be negative, got {size}.")
+        self.dataset_length = size
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Use epoch `epoch`'s permutation; skip the first `start` indices of this rank's shard.
+
+        ``start`` resumes an epoch part-way through (batches done x batch size).
+        """
+        if start < 0:
+            raise ConfigurationError(f"start must not be negative, got {start}.")
+        self.epoch = int(epoch)
+        self.start = int(start)
+
+    def _used_length(self) -> int:
+        if self.drop_last:
+            return self.dataset_length - self.dataset_length % self.num_replicas
+        return self.dataset_length
+
+    def shard_sizes(self) -> list[int]:
+        """Number of indices each rank gets per epoch (before any ``start`` skip), indexed by rank."""
+        used, n = self._used_length(), self.num_replicas
+        return [used // n + (1 if r < used % n else 0) for r in range(n)]
+
+    def indices(self) -> list[int]:
+        """This rank's indices for the current epoch, after the ``start`` skip."""
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.dataset_length, generator=g)
+        else:
+            order = torch.arange(self.dataset_length)
+        order = order[:self._used_length()]
+        return order[self.rank::self.num_replicas][self.start:].tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices())
+
+    def __len__(self) -> int:
+        return max(0, self.shard_sizes()[self.rank] - self.start)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and the settings a resumed run must share."""
+        return {"epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle,
+                "drop_last": self.drop_last, "dataset_length": self.dataset_length}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the saved epoch; refuse a checkpoint drawn from different settings."""
+        for key in ("seed", "shuffle", "drop_last", "dataset_length"):
+            if key in state and state[key] != getattr(self, key):
+                raise ConfigurationError(
+                    f"the checkpoint's sampler had {key}={state[key]!r} but this one has "
+                    f"{key}={getattr(self, key)!r}; resume with the same data and seed."
+                )
+        self.set_epoch(state["epoch"])
