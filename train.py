@@ -31,16 +31,20 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Subset
 
 import paraflow
-from paraflow.examples.data import DATASETS, load_dataset
 from paraflow.core.options import COMPRESSIONS
+from paraflow.examples.data import DATASETS, load_dataset
 from paraflow.examples.models import MODELS, build_model, count_parameters
 from paraflow.training.precision import PRECISIONS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=paraflow.registered_names(), default=None,
-                   help="default: PARAFLOW_BACKEND, else ddp under a launcher, else single")
+    p.add_argument(
+        "--backend",
+        choices=paraflow.registered_names(),
+        default=None,
+        help="default: PARAFLOW_BACKEND, else ddp under a launcher, else single",
+    )
     p.add_argument("--model", choices=list(MODELS), default="mlp")
     p.add_argument("--data", choices=DATASETS, default="digits")
     p.add_argument("--epochs", type=int, default=15)
@@ -49,14 +53,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None, help="rank 0 writes a result summary here")
-    p.add_argument("--accumulation-steps", type=int, default=1,
-                   help="batches per optimizer step; gradients cross ranks once per step")
+    p.add_argument(
+        "--accumulation-steps",
+        type=int,
+        default=1,
+        help="batches per optimizer step; gradients cross ranks once per step",
+    )
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="autocast dtype (fp16: with loss scaling)")
     p.add_argument("--compression", choices=COMPRESSIONS, default="none", help="gradient dtype on the wire")
-    p.add_argument("--drop-last", action="store_true",
-                   help="leave out the len(data) %% ranks remainder each epoch so every rank gets equal shards")
-    p.add_argument("--join", choices=("auto", "on", "off"), default="auto",
-                   help="let ranks with fewer batches finish early (auto: when shards give unequal batch counts)")
+    p.add_argument(
+        "--drop-last",
+        action="store_true",
+        help="leave out the len(data) %% ranks remainder each epoch so every rank gets equal shards",
+    )
+    p.add_argument(
+        "--join",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="let ranks with fewer batches finish early (auto: when shards give unequal batch counts)",
+    )
     p.add_argument("--checkpoint", default=None, help="save here (atomically) at the end and every --save-every steps")
     p.add_argument("--save-every", type=int, default=0, help="optimizer steps between checkpoints (0: end only)")
     p.add_argument("--resume", default=None, help="continue from this checkpoint (written under any backend)")
@@ -82,23 +97,25 @@ def evaluate(backend: paraflow.Backend, model: torch.nn.Module, dataset) -> floa
 @record  # under torchrun, a failing rank's traceback becomes the job's reported root cause
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    options = {"precision": args.precision, "compression": args.compression,
-               "accumulation_steps": args.accumulation_steps}
+    options = {
+        "precision": args.precision,
+        "compression": args.compression,
+        "accumulation_steps": args.accumulation_steps,
+    }
     with paraflow.init(args.backend, **options) as backend:
         torch.manual_seed(args.seed)
         train_set, test_set = load_dataset(args.data, seed=args.seed)
         sampler = backend.distributed_sampler(train_set, shuffle=True, seed=args.seed, drop_last=args.drop_last)
         # Its own generator, so iterating the loader leaves the global RNG (checkpointed) alone.
-        loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
-                            generator=torch.Generator().manual_seed(args.seed))
+        loader = DataLoader(
+            train_set, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator().manual_seed(args.seed)
+        )
         model = backend.wrap_model(build_model(args.model))
-        optimizer = backend.wrap_optimizer(
-            torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), model)
+        optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), model)
         scaler = backend.grad_scaler()
         # Where the next batch starts; a checkpoint holds it with everything training changes.
         progress = {"epoch": 0, "batch": 0, "step": 0}
-        state = {"model": model, "optimizer": optimizer, "scaler": scaler, "sampler": sampler,
-                 "progress": progress}
+        state = {"model": model, "optimizer": optimizer, "scaler": scaler, "sampler": sampler, "progress": progress}
         if args.resume:
             backend.load(args.resume, state)
             progress = state["progress"]
@@ -149,8 +166,11 @@ def main(argv=None) -> dict:
             epoch_loss = backend.allreduce(loss_sum / max(batches, 1), op="mean").item()
             accuracy = evaluate(backend, model, test_set)
             if backend.is_main:
-                print(f"epoch {epoch + 1}/{args.epochs}  loss {epoch_loss:.4f}  "
-                      f"held-out accuracy {accuracy:.2%}  {time.perf_counter() - start:.1f}s", flush=True)
+                print(
+                    f"epoch {epoch + 1}/{args.epochs}  loss {epoch_loss:.4f}  "
+                    f"held-out accuracy {accuracy:.2%}  {time.perf_counter() - start:.1f}s",
+                    flush=True,
+                )
             if args.steps and step >= args.steps:
                 break
         elapsed = time.perf_counter() - start
@@ -162,15 +182,27 @@ def main(argv=None) -> dict:
         per_rank = backend.allgather(torch.tensor(step_times[:common], dtype=torch.float64))
         slowest = torch.stack(per_rank).max(dim=0).values.tolist() if common else []
         result = {
-            "backend": backend.name, "launcher": backend.launcher, "world_size": backend.world_size,
-            "device": str(backend.device), "model": args.model, "data": args.data,
+            "backend": backend.name,
+            "launcher": backend.launcher,
+            "world_size": backend.world_size,
+            "device": str(backend.device),
+            "model": args.model,
+            "data": args.data,
             "parameters": count_parameters(backend.unwrap(model)),
-            "batch_size": args.batch_size, "global_batch_size": args.batch_size * backend.world_size,
-            "steps": step, "epochs_run": epoch + 1, "final_loss": epoch_loss, "accuracy": accuracy,
-            "accumulation_steps": backend.accumulation_steps, "precision": backend.precision,
-            "compression": backend.compression, "joined": join, "resumed_from": args.resume,
+            "batch_size": args.batch_size,
+            "global_batch_size": args.batch_size * backend.world_size,
+            "steps": step,
+            "epochs_run": epoch + 1,
+            "final_loss": epoch_loss,
+            "accuracy": accuracy,
+            "accumulation_steps": backend.accumulation_steps,
+            "precision": backend.precision,
+            "compression": backend.compression,
+            "joined": join,
+            "resumed_from": args.resume,
             "compute_dtype": str(logits.dtype).replace("torch.", "") if step_times else None,
-            "elapsed_s": elapsed, "step_times_s": slowest,
+            "elapsed_s": elapsed,
+            "step_times_s": slowest,
         }
         if backend.is_main and args.json_out:
             with open(args.json_out, "w") as f:

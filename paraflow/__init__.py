@@ -1,9 +1,9 @@
 """paraflow: one PyTorch training loop under any data-parallel method.
 
-    import paraflow
-    backend = paraflow.init("ddp")          # or None: PARAFLOW_BACKEND, else by launcher
-    model = backend.wrap_model(model)
-    optimizer = backend.wrap_optimizer(optimizer, model)
+import paraflow
+backend = paraflow.init("ddp")          # or None: PARAFLOW_BACKEND, else by launcher
+model = backend.wrap_model(model)
+optimizer = backend.wrap_optimizer(optimizer, model)
 """
 
 from __future__ import annotations
@@ -13,22 +13,45 @@ from typing import Any, Optional
 
 from . import backends  # noqa: F401  (registers the built-in backends)
 from .core.backend import Backend
-from .environment import ProcessEnvironment, detect_environment
-from .errors import (BackendUnavailableError, CheckpointError, CollectiveError, CollectiveTimeoutError,
-                     ConfigurationError, LauncherError, MissingDependencyError, ParaflowError,
-                     UnknownBackendError)
 from .core.registry import available_backends, register_backend, registered_names
+from .environment import ProcessEnvironment, detect_environment
+from .errors import (
+    BackendUnavailableError,
+    CheckpointError,
+    CollectiveError,
+    CollectiveTimeoutError,
+    ConfigurationError,
+    LauncherError,
+    MissingDependencyError,
+    ParaflowError,
+    UnknownBackendError,
+)
 from .training.checkpoint import load_checkpoint, save_checkpoint
 from .training.sampler import ShardSampler
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "get_backend", "available_backends", "registered_names", "register_backend", "default_backend_name",
-    "ShardSampler", "save_checkpoint", "load_checkpoint",
-    "Backend", "ProcessEnvironment", "detect_environment",
-    "ParaflowError", "UnknownBackendError", "BackendUnavailableError", "MissingDependencyError",
-    "LauncherError", "CollectiveError", "CollectiveTimeoutError", "ConfigurationError",
+    "init",
+    "get_backend",
+    "available_backends",
+    "registered_names",
+    "register_backend",
+    "default_backend_name",
+    "ShardSampler",
+    "save_checkpoint",
+    "load_checkpoint",
+    "Backend",
+    "ProcessEnvironment",
+    "detect_environment",
+    "ParaflowError",
+    "UnknownBackendError",
+    "BackendUnavailableError",
+    "MissingDependencyError",
+    "LauncherError",
+    "CollectiveError",
+    "CollectiveTimeoutError",
+    "ConfigurationError",
     "CheckpointError",
 ]
 
@@ -44,6 +67,7 @@ def default_backend_name(environment: Optional[ProcessEnvironment] = None) -> st
 def get_backend(name: str, **options: Any) -> Backend:
     """Create the backend registered as `name` with `options`, not yet initialised."""
     from .core.registry import create
+
     return create(name, **options)
 
 

@@ -10,16 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraflow.environment.launchers import launcher_variables
 from paraflow.backends.horovod.imports import horovod_missing_reason
+from paraflow.environment.launchers import launcher_variables
 from paraflow.tools.launch import launch_command, run_launch
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 # One thread per rank, so ranks on a 2-core machine do not fight for cores.
-RANK_ENV = {"OMP_NUM_THREADS": "1", "PARAFLOW_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
-            "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
+RANK_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "PARAFLOW_NUM_THREADS": "1",
+    "PYTHONPATH": str(ROOT),
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONWARNINGS": "ignore",
+}
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none is visible")
 _HOROVOD_MISSING = horovod_missing_reason()
@@ -38,8 +43,9 @@ def launch(launcher: str, nproc: int, script: list, timeout: float = 120, env: d
 def launch_ok(launcher: str, nproc: int, script: list, timeout: float = 120, env: dict | None = None):
     """Like `launch`, and the launch must exit 0."""
     result = launch(launcher, nproc, script, timeout, env)
-    assert result.returncode == 0, (f"exit {result.returncode}: {' '.join(result.command)}\n"
-                                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    assert result.returncode == 0, (
+        f"exit {result.returncode}: {' '.join(result.command)}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    )
     return result
 
 
@@ -64,13 +70,17 @@ def _clean_launcher_env(monkeypatch):
 def _no_process_left_behind():
     """After the whole suite, no process it started (launcher, rank, MPI daemon) may still run."""
     from faults.leftovers import kill_processes, leftover_processes, mark_session
+
     marker = mark_session()
     yield
     left = leftover_processes(marker)
     if left:
         kill_processes(left)
-        pytest.fail("the test suite left processes running (now killed): "
-                    + "; ".join(f"pid {pid}: {cmd[:200]}" for pid, cmd in left.items()), pytrace=False)
+        pytest.fail(
+            "the test suite left processes running (now killed): "
+            + "; ".join(f"pid {pid}: {cmd[:200]}" for pid, cmd in left.items()),
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

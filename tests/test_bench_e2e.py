@@ -8,13 +8,18 @@ import json
 import sys
 
 import pytest
-
 from conftest import RANK_ENV, ROOT
-from paraflow.tools.launch import run_launch
 
 from paraflow.bench.report.outputs import CSV_TABLES
-from paraflow.bench.report.tables import (ALLREDUCE_COLUMNS, MEMCPY_COLUMNS, OVERHEAD_COLUMNS, TRAINING_COLUMNS,
-                                   build_tables, format_value)
+from paraflow.bench.report.tables import (
+    ALLREDUCE_COLUMNS,
+    MEMCPY_COLUMNS,
+    OVERHEAD_COLUMNS,
+    TRAINING_COLUMNS,
+    build_tables,
+    format_value,
+)
+from paraflow.tools.launch import run_launch
 
 MODELS = ["mlp:width=16", "cnn:width=4", "transformer:width=16,depth=1"]
 LABELS = ["mlp(width=16)", "cnn(width=4)", "transformer(width=16,depth=1)"]
@@ -22,6 +27,7 @@ LABELS = ["mlp(width=16)", "cnn(width=4)", "transformer(width=16,depth=1)"]
 
 def backends_here() -> list:
     import paraflow
+
     return [n for n, why in paraflow.available_backends().items() if why is None and n != "ddp"]
 
 
@@ -29,14 +35,43 @@ def backends_here() -> list:
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "results"
     names = backends_here()
-    cmd = [sys.executable, "-m", "paraflow.tools.cli", "bench", "--backends", ",".join(names), "--nprocs", "1,2",
-           "--models", *MODELS, "--steps", "2", "--warmup", "1", "--min-window", "0", "--min-bytes", "4K",
-           "--max-bytes", "16K", "--overhead-steps", "2", "--timeout", "120", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paraflow.tools.cli",
+        "bench",
+        "--backends",
+        ",".join(names),
+        "--nprocs",
+        "1,2",
+        "--models",
+        *MODELS,
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--min-window",
+        "0",
+        "--min-bytes",
+        "4K",
+        "--max-bytes",
+        "16K",
+        "--overhead-steps",
+        "2",
+        "--timeout",
+        "120",
+        "--out",
+        str(out),
+    ]
     env = {**RANK_ENV, "PARAFLOW_BACKEND": None, "RANK": None, "WORLD_SIZE": None}
     result = run_launch(cmd, timeout=420, env=env, cwd=str(ROOT))
     assert not result.timed_out and result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    return {"out": out, "stdout": result.stdout, "names": names,
-            "results": json.loads((out / "results.json").read_text())}
+    return {
+        "out": out,
+        "stdout": result.stdout,
+        "names": names,
+        "results": json.loads((out / "results.json").read_text()),
+    }
 
 
 def expected_cells(names: list) -> set:
@@ -91,8 +126,17 @@ def test_terminal_shows_progress_header_and_every_table(run):
     for i in range(1, total + 1):
         assert f"[{i:>{len(str(total))}}/{total}]" in out
     assert f"{total - 1} left" in out and "elapsed" in out
-    for header in ("torch ", "horovod ", "MPI: ", "gloo: ", "NCCL: ", "CPU: ", "cores", "threads per process",
-                   "GB = 1e9 bytes"):
+    for header in (
+        "torch ",
+        "horovod ",
+        "MPI: ",
+        "gloo: ",
+        "NCCL: ",
+        "CPU: ",
+        "cores",
+        "threads per process",
+        "GB = 1e9 bytes",
+    ):
         assert header in out
     for command in results["header"]["commands"]:
         assert f"$ {command}" in out
@@ -133,10 +177,10 @@ def test_csv_files_hold_the_json_tables_under_the_header(run):
     results, out = run["results"], run["out"]
     for name, (key, columns) in CSV_TABLES.items():
         lines = (out / name).read_text().splitlines()
-        comments = [l for l in lines if l.startswith("#")]
-        assert comments[0].startswith("# paraflow ") and any("torch " in l for l in comments)
+        comments = [line for line in lines if line.startswith("#")]
+        assert comments[0].startswith("# paraflow ") and any("torch " in line for line in comments)
         assert all(f"#   {c}" in comments for c in results["header"]["commands"])
-        rows = list(csv.DictReader([l for l in lines if not l.startswith("#")]))
+        rows = list(csv.DictReader([line for line in lines if not line.startswith("#")]))
         assert len(rows) == len(results["tables"][key]) and (rows or key != "training")
         for got, want in zip(rows, results["tables"][key]):
             assert list(got) == list(columns)
@@ -149,11 +193,19 @@ def markdown_tables(text: str) -> dict:
     for i, line in enumerate(lines):
         if line.startswith("## "):
             title = line[3:]
-        elif line.startswith("|") and title and title not in tables and i + 1 < len(lines) \
-                and lines[i + 1].startswith("|-"):
-            split = lambda l: [c.strip() for c in l.strip().strip("|").split(" | ")]
+        elif (
+            line.startswith("|")
+            and title
+            and title not in tables
+            and i + 1 < len(lines)
+            and lines[i + 1].startswith("|-")
+        ):
+
+            def split(row):
+                return [c.strip() for c in row.strip().strip("|").split(" | ")]
+
             body = []
-            for row in lines[i + 2:]:
+            for row in lines[i + 2 :]:
                 if not row.startswith("|"):
                     break
                 body.append(split(row))
@@ -180,8 +232,10 @@ def test_markdown_shows_the_same_values_and_the_plots(run):
         title = f"Allreduce: {footer['backend']} under {footer['launcher']}, {footer['processes']} processes"
         names, body = tables[title]
         assert [r[names.index("busbw(GB/s)")] for r in body] == [
-            format_value("busbw_gbps", r["busbw_gbps"]) for r in results["tables"]["allreduce"]
-            if (r["backend"], r["launcher"], r["processes"]) == (footer["backend"], footer["launcher"], 2)]
+            format_value("busbw_gbps", r["busbw_gbps"])
+            for r in results["tables"]["allreduce"]
+            if (r["backend"], r["launcher"], r["processes"]) == (footer["backend"], footer["launcher"], 2)
+        ]
         assert f"Avg bus bandwidth : {footer['avg_busbw_gbps']:g} GB/s" in text
     for plot in ("throughput.png", "busbw.png"):
         assert f"![{plot}]({plot})" in text
@@ -190,6 +244,7 @@ def test_markdown_shows_the_same_values_and_the_plots(run):
 @pytest.mark.timeout(480)
 def test_plots_are_real_pngs(run):
     import matplotlib.image
+
     for plot in ("throughput.png", "busbw.png"):
         path = run["out"] / plot
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import pytest
-
 from conftest import RANK_ENV, WORKERS
+
 from paraflow.bench import BenchConfig, ModelSpec, run_bench
 from paraflow.bench.driver.matrix import Cell, Matrix
 from paraflow.bench.driver.runner import worker_entry
@@ -32,8 +32,16 @@ def entry(cell, config, out_dir):
 def test_failed_hung_and_incomplete_cells_are_reported_and_the_rest_completes(tmp_path, monkeypatch, capsys):
     for key, value in RANK_ENV.items():
         monkeypatch.setenv(key, value)
-    config = BenchConfig(models=list(TINY), steps=2, warmup=1, min_window=0, timeout=TIMEOUT,
-                         out=str(tmp_path / "out"), allreduce=False, overhead=False)
+    config = BenchConfig(
+        models=list(TINY),
+        steps=2,
+        warmup=1,
+        min_window=0,
+        timeout=TIMEOUT,
+        out=str(tmp_path / "out"),
+        allreduce=False,
+        overhead=False,
+    )
     cells = [
         Cell("train", "single", "python", 1, 1, TINY),
         # a real worker, failing: 30 is not divisible by the transformer's 4 heads

@@ -2,16 +2,16 @@
 
 import pytest
 
-from paraflow.bench.report import metrics
-from paraflow.bench.rank.allreduce import count_wrong, expected_sum, iterations_for, pattern
 from paraflow.bench.driver.config import BenchConfig, ModelSpec, message_sizes, parse_size
+from paraflow.bench.rank.allreduce import count_wrong, expected_sum, iterations_for, pattern
+from paraflow.bench.report import metrics
 from paraflow.errors import ConfigurationError
 
 
 def test_percentile_interpolates_linearly_like_numpy():
     values = [4.0, 1.0, 3.0, 2.0]
     assert metrics.percentile(values, 0) == 1.0 and metrics.percentile(values, 100) == 4.0
-    assert metrics.percentile(values, 10) == pytest.approx(1.3)   # pos 0.3 between 1 and 2
+    assert metrics.percentile(values, 10) == pytest.approx(1.3)  # pos 0.3 between 1 and 2
     assert metrics.percentile(values, 90) == pytest.approx(3.7)
     assert metrics.percentile(values, 50) == pytest.approx(2.5)
     assert metrics.percentile([7.0], 90) == 7.0
@@ -47,12 +47,12 @@ def test_overheads():
 
 
 def test_median_confidence_interval_uses_order_statistics():
-    values = [float(v) for v in range(11, 0, -1)]   # 11..1, unsorted on purpose
+    values = [float(v) for v in range(11, 0, -1)]  # 11..1, unsorted on purpose
     # n = 11: k = floor((11 - 1.96 * sqrt(11)) / 2) = floor(2.25) = 2 -> 3rd and 9th smallest
     assert metrics.median_confidence_interval(values) == (3.0, 9.0)
     assert metrics.median_confidence_interval([5.0, 1.0, 3.0]) == (1.0, 5.0)  # too few: min, max
     n100 = metrics.median_confidence_interval(list(range(100)))
-    assert n100 == (40, 59)                            # k = floor((100 - 19.6) / 2) = 40
+    assert n100 == (40, 59)  # k = floor((100 - 19.6) / 2) = 40
     with pytest.raises(ValueError):
         metrics.median_confidence_interval([])
 
@@ -67,6 +67,7 @@ def test_bandwidths_follow_nccl_tests():
 
 def test_allreduce_check_pattern_is_exact_and_counts_wrong_elements():
     import torch
+
     n, count = 3, 30
     total = sum(pattern(r, count) for r in range(n))
     assert torch.equal(total, expected_sum(n, count))
@@ -75,14 +76,14 @@ def test_allreduce_check_pattern_is_exact_and_counts_wrong_elements():
     bad[[0, 5]] += 1
     assert count_wrong(bad, expected_sum(n, count)) == 2
     assert count_wrong(bad[:10], expected_sum(n, count)) == count  # wrong shape: all wrong
-    assert iterations_for(64 * 1024 ** 2) == 4 and iterations_for(4096) == 20 and iterations_for(2 ** 40) == 3
+    assert iterations_for(64 * 1024**2) == 4 and iterations_for(4096) == 20 and iterations_for(2**40) == 3
 
 
 def test_sizes_parse_like_nccl_tests():
-    assert parse_size("4K") == 4096 and parse_size("64M") == 64 * 1024 ** 2 and parse_size("1024") == 1024
-    assert parse_size("1g") == 1024 ** 3
+    assert parse_size("4K") == 4096 and parse_size("64M") == 64 * 1024**2 and parse_size("1024") == 1024
+    assert parse_size("1g") == 1024**3
     assert message_sizes(4096, 65536, 4) == [4096, 16384, 65536]
-    assert message_sizes(4096, 64 * 1024 ** 2, 2)[-1] == 64 * 1024 ** 2
+    assert message_sizes(4096, 64 * 1024**2, 2)[-1] == 64 * 1024**2
     for bad in ("4X", "", "-1", "4.5M"):
         with pytest.raises(ConfigurationError, match="message size"):
             parse_size(bad)

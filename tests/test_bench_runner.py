@@ -10,13 +10,24 @@ MLP = (ModelSpec.parse("mlp:width=16"),)
 
 
 def test_cell_env_fixes_threads_and_drops_inherited_launcher_variables(monkeypatch):
-    for key, value in {"RANK": "3", "SLURM_PROCID": "1", "HOROVOD_RANK": "0", "OMPI_COMM_WORLD_RANK": "2",
-                       "PARAFLOW_BACKEND": "ddp", "KEEP_ME": "1"}.items():
+    for key, value in {
+        "RANK": "3",
+        "SLURM_PROCID": "1",
+        "HOROVOD_RANK": "0",
+        "OMPI_COMM_WORLD_RANK": "2",
+        "PARAFLOW_BACKEND": "ddp",
+        "KEEP_ME": "1",
+    }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv(MPI_YIELD, raising=False)
     env = cell_env(Cell("train", "ddp-gloo", "torchrun", 2, 1, MLP), timeout=60)
-    assert {k for k, v in env.items() if v is None} == {"RANK", "SLURM_PROCID", "HOROVOD_RANK",
-                                                        "OMPI_COMM_WORLD_RANK", "PARAFLOW_BACKEND"}
+    assert {k for k, v in env.items() if v is None} == {
+        "RANK",
+        "SLURM_PROCID",
+        "HOROVOD_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "PARAFLOW_BACKEND",
+    }
     assert env["PARAFLOW_NUM_THREADS"] == env["OMP_NUM_THREADS"] == "1" and env["PARAFLOW_TIMEOUT"] == "60"
     assert "KEEP_ME" not in env and MPI_YIELD not in env
     assert cell_env(Cell("train", "horovod", "mpirun", 2, 1, MLP), 60)[MPI_YIELD] == "1"
@@ -32,8 +43,9 @@ def test_command_line_shows_what_the_launch_sets_and_removes():
 
 def test_worker_arguments_per_kind():
     config = BenchConfig(models=["mlp:width=16", "cnn"], steps=3, min_window=0.5, sizes=[4096, 16384])
-    train = worker_args(Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), allreduce=True),
-                        config, Path("/o"))
+    train = worker_args(
+        Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), allreduce=True), config, Path("/o")
+    )
     assert train[train.index("--model") + 1] == "mlp:width=16" and train.count("--model") == 2
     assert train[train.index("--allreduce-sizes") + 1] == "4096,16384"
     assert train[train.index("--min-window") + 1] == "0.5" and train[train.index("--steps") + 1] == "3"
@@ -52,6 +64,7 @@ def test_missing_tabulate_or_matplotlib_says_how_to_install(monkeypatch):
     from paraflow.bench.report.outputs import require_tabulate
     from paraflow.bench.report.plots import require_pyplot
     from paraflow.errors import MissingDependencyError
+
     monkeypatch.setitem(sys.modules, "tabulate", None)  # makes `import tabulate` fail
     with pytest.raises(MissingDependencyError, match=r"pip install 'paraflow\[bench\]'"):
         require_tabulate()

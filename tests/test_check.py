@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import launch_ok, requires_horovod
 
 import paraflow
-from conftest import launch_ok, requires_horovod
 from paraflow.tools import check
 
 CHECK = ["-m", "paraflow.tools.cli", "check", "--json"]
@@ -29,8 +29,11 @@ def test_json_report_matches_what_torch_mpi_horovod_and_the_registry_say():
     assert t["cuda_available"] == torch.cuda.is_available()
     assert len(t["cuda_devices"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     assert t["build"] == (f"CUDA {torch.version.cuda}" if torch.version.cuda else t["build"])
-    assert (t["gloo"], t["nccl"], t["mpi"]) == (dist.is_gloo_available(), dist.is_nccl_available(),
-                                                dist.is_mpi_available())
+    assert (t["gloo"], t["nccl"], t["mpi"]) == (
+        dist.is_gloo_available(),
+        dist.is_nccl_available(),
+        dist.is_mpi_available(),
+    )
 
     m = report["mpi"]
     assert m["mpirun"] == shutil.which("mpirun")
@@ -51,6 +54,7 @@ def test_json_report_matches_what_torch_mpi_horovod_and_the_registry_say():
 @requires_horovod
 def test_json_report_describes_the_horovod_build():
     import horovod.torch as hvd
+
     (report,) = _report(launch_ok("python", 1, CHECK, timeout=120))
     h = report["horovod"]
     assert h["installed"] and h["usable"] and h["reason"] is None
@@ -68,7 +72,11 @@ def test_under_mpirun_every_rank_reports_itself():
     for r in reports:
         p = r["process"]
         assert (p["launcher"], p["world_size"], p["local_world_size"], p["horovod_controller"]) == (
-            "openmpi", 2, 2, "mpi")
+            "openmpi",
+            2,
+            2,
+            "mpi",
+        )
 
 
 @pytest.mark.timeout(120)
@@ -90,12 +98,23 @@ def test_text_report_sections(capsys):
 
 
 def test_launcher_fields_follow_the_environment(monkeypatch):
-    for key, value in {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                       "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29400"}.items():
+    for key, value in {
+        "RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.1.2.3",
+        "MASTER_PORT": "29400",
+    }.items():
         monkeypatch.setenv(key, value)
     p = check.collect()["process"]
     assert (p["launcher"], p["rank"], p["world_size"], p["local_rank"], p["local_world_size"]) == (
-        "torchrun", 1, 4, 1, 2)
+        "torchrun",
+        1,
+        4,
+        1,
+        2,
+    )
     assert (p["master_addr"], p["master_port"], p["horovod_controller"]) == ("10.1.2.3", 29400, "gloo")
 
 

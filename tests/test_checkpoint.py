@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import WORKERS, launch
 
 import paraflow
 import paraflow.training.checkpoint
-from conftest import WORKERS, launch
 from paraflow.training.sampler import ShardSampler
 
 
@@ -29,8 +29,14 @@ def make_training_state(backend, seed=0):
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** (8 + seed))
     sampler = ShardSampler(10, 1, 0, seed=3)
     sampler.set_epoch(4 + seed)
-    return {"model": model, "optimizer": optimizer, "scaler": scaler, "sampler": sampler,
-            "epoch": 4 + seed, "step": 40 + seed}
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "scaler": scaler,
+        "sampler": sampler,
+        "epoch": 4 + seed,
+        "step": 40 + seed,
+    }
 
 
 def temp_files(directory):
@@ -74,6 +80,7 @@ def test_failure_mid_write_keeps_the_previous_checkpoint(backend, tmp_path, monk
     def half_then_disk_full(payload, f):
         f.write(b"x" * 1000)
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(paraflow.training.checkpoint, "_serialize", half_then_disk_full)
     with pytest.raises(paraflow.CheckpointError, match="No space left on device.*previous file.*intact"):
         backend.save(path, {"version": 2, "weights": torch.zeros(8)})

@@ -1,7 +1,6 @@
 """Every collective on 2 real ranks against hand-computed results, for every backend and launcher."""
 
 import pytest
-
 from conftest import WORKERS, launch_ok, read_rank_json, requires_horovod
 
 NPROC = 2
@@ -33,8 +32,11 @@ def expected(n):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend, launcher", [pytest.param(*c, marks=requires_horovod if c[0] == "horovod" else ())
-                                               for c in CASES], ids=[f"{b}-{l}" for b, l in CASES])
+@pytest.mark.parametrize(
+    "backend, launcher",
+    [pytest.param(*c, marks=requires_horovod if c[0] == "horovod" else ()) for c in CASES],
+    ids=[f"{b}-{launcher}" for b, launcher in CASES],
+)
 def test_collectives_match_hand_computed_results(backend, launcher, tmp_path):
     launch_ok(launcher, NPROC, [WORKERS / "collectives.py", backend, tmp_path], timeout=180)
     results = read_rank_json(tmp_path, NPROC)

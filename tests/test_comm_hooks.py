@@ -54,17 +54,24 @@ def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, pytho
     import resource
     import subprocess
 
-    from conftest import ROOT, RANK_ENV, WORKERS
+    from conftest import RANK_ENV, ROOT, WORKERS
+
     from paraflow.environment.launchers import free_port
 
-    result = subprocess.run([python, str(WORKERS / "hook_exit.py"), kind, str(free_port())],
-                            capture_output=True, text=True, timeout=60, cwd=ROOT,
-                            env={**os.environ, **RANK_ENV},
-                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+    result = subprocess.run(
+        [python, str(WORKERS / "hook_exit.py"), kind, str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **RANK_ENV},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)),
+    )
     assert "backward done" in result.stdout, result.stderr[-3000:]
     if kind == "torch":
         assert result.returncode != 0 and "terminate called" in result.stderr, (
             f"torch's hook no longer aborts at exit (exit {result.returncode}); "
-            "paraflow.backends.ddp.comm_hooks' release wait may be unnecessary now")
+            "paraflow.backends.ddp.comm_hooks' release wait may be unnecessary now"
+        )
     else:
         assert result.returncode == 0, result.stderr[-3000:]

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from conftest import WORKERS, launch_ok, requires_horovod
 
 SCRIPT = WORKERS / "equivalence.py"
@@ -36,6 +35,7 @@ def test_ddp_no_sync_accumulation_matches_single(tmp_path):
 def test_training_actually_moves_parameters(tmp_path):
     """Guards the comparison above: a run that did nothing would also 'match'."""
     from paraflow.examples.models import build_model
+
     torch.manual_seed(1234)
     initial = build_model("mlp", width=16).double().state_dict()
     trained = train(tmp_path, "single", "python", 1)
@@ -52,16 +52,20 @@ def test_horovod_two_ranks_matches_ddp_gloo_and_single(tmp_path, float64_referen
 
 @requires_horovod
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("launcher, mode", [("horovodrun", "no_sync"), ("mpirun", "option")],
-                         ids=["no_sync-horovodrun", "accumulation_steps-mpirun"])
+@pytest.mark.parametrize(
+    "launcher, mode",
+    [("horovodrun", "no_sync"), ("mpirun", "option")],
+    ids=["no_sync-horovodrun", "accumulation_steps-mpirun"],
+)
 def test_horovod_gradient_accumulation_matches_single(tmp_path, float64_reference, launcher, mode):
     trained = train(tmp_path, "horovod", launcher, 2, accumulation=2, mode=mode)
     assert_same_parameters(trained, float64_reference)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend, launcher", [("ddp-gloo", "torchrun"),
-                                               pytest.param("horovod", "mpirun", marks=requires_horovod)])
+@pytest.mark.parametrize(
+    "backend, launcher", [("ddp-gloo", "torchrun"), pytest.param("horovod", "mpirun", marks=requires_horovod)]
+)
 def test_accumulate_matches_one_step_on_the_whole_batch(tmp_path, float64_reference, backend, launcher):
     """4 micro-batches of b rows per rank under backend.accumulate equal one step on 4b rows per rank.
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from conftest import WORKERS, launch_ok, requires_horovod
 
 import paraflow
-from conftest import WORKERS, launch_ok, requires_horovod
 
 # The worker trains float64; these runs send gradients as 16-bit floats instead.
 EPS = {"fp16": torch.finfo(torch.float16).eps, "bf16": torch.finfo(torch.bfloat16).eps}
@@ -12,8 +12,9 @@ EPS = {"fp16": torch.finfo(torch.float16).eps, "bf16": torch.finfo(torch.bfloat1
 
 def compressed_run(tmp_path, backend, launcher, compression):
     out = tmp_path / f"{backend}-{compression}.pt"
-    launch_ok(launcher, 2, [WORKERS / "equivalence.py", backend, out, 1, "no_sync", f"compression={compression}"],
-              timeout=180)
+    launch_ok(
+        launcher, 2, [WORKERS / "equivalence.py", backend, out, 1, "no_sync", f"compression={compression}"], timeout=180
+    )
     return torch.load(out)
 
 
@@ -22,13 +23,17 @@ def max_difference(a, b):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend, launcher, compression", [
-    ("ddp-gloo", "torchrun", "fp16"),
-    ("ddp-gloo", "torchrun", "bf16"),
-    pytest.param("horovod", "mpirun", "fp16", marks=requires_horovod),
-])
-def test_compressed_training_stays_within_the_wire_dtype_precision(tmp_path, float64_reference, backend, launcher,
-                                                                   compression):
+@pytest.mark.parametrize(
+    "backend, launcher, compression",
+    [
+        ("ddp-gloo", "torchrun", "fp16"),
+        ("ddp-gloo", "torchrun", "bf16"),
+        pytest.param("horovod", "mpirun", "fp16", marks=requires_horovod),
+    ],
+)
+def test_compressed_training_stays_within_the_wire_dtype_precision(
+    tmp_path, float64_reference, backend, launcher, compression
+):
     trained = compressed_run(tmp_path, backend, launcher, compression)
     difference = max_difference(trained, float64_reference)
     # Parameters stay below 0.3 here and 5 SGD steps move them a little: rounding each gradient

@@ -4,17 +4,21 @@ import json
 
 import pytest
 import torch
+from conftest import ROOT, launch_ok, requires_gpu, requires_horovod
 
 import paraflow
-from conftest import ROOT, launch_ok, requires_gpu, requires_horovod
 
 TRAIN = ROOT / "train.py"
 
 
 def run_train(tmp_path, backend, launcher, nproc, *flags, name="run"):
     out, checkpoint = tmp_path / f"{name}.json", tmp_path / f"{name}.pt"
-    launch_ok(launcher, nproc, [TRAIN, "--backend", backend, "--json-out", out, "--checkpoint", checkpoint,
-                                *flags], timeout=180)
+    launch_ok(
+        launcher,
+        nproc,
+        [TRAIN, "--backend", backend, "--json-out", out, "--checkpoint", checkpoint, *flags],
+        timeout=180,
+    )
     return json.loads(out.read_text()), torch.load(checkpoint, weights_only=True)["state"]
 
 
@@ -28,8 +32,9 @@ def test_bf16_autocast_on_cpu_trains_through_train_py(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_fp16_with_loss_scaling_keeps_the_scaler_in_the_checkpoint(tmp_path):
-    summary, state = run_train(tmp_path, "single", "python", 1, "--precision", "fp16", "--data", "synthetic",
-                               "--steps", "5")
+    summary, state = run_train(
+        tmp_path, "single", "python", 1, "--precision", "fp16", "--data", "synthetic", "--steps", "5"
+    )
     assert summary["compute_dtype"] == "float16"
     assert state["scaler"]["scale"] > 0 and "_growth_tracker" in state["scaler"]
 
@@ -55,8 +60,9 @@ def test_fp16_with_loss_scaling_on_cuda(tmp_path):
     assert summary["accuracy"] >= 0.9 and state["scaler"]["scale"] > 0
 
 
-@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16),
-                                              ("fp32", torch.float32)])
+@pytest.mark.parametrize(
+    "precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)]
+)
 def test_autocast_and_scaler_follow_the_option(precision, dtype):
     with paraflow.init("single", precision=precision, num_threads=1) as backend:
         layer = backend.wrap_model(torch.nn.Linear(4, 4))

@@ -6,7 +6,6 @@ falls inside an epoch, so resuming also has to pick up the data order part-way t
 
 import pytest
 import torch
-
 from conftest import ROOT, launch_ok, requires_horovod
 
 TRAIN = ROOT / "train.py"
@@ -17,8 +16,23 @@ BACKENDS = ["ddp-gloo", pytest.param("horovod", marks=requires_horovod)]
 
 def train(directory, backend, name, steps, resume=None):
     checkpoint = directory / f"{name}.pt"
-    argv = [TRAIN, "--backend", backend, "--data", "synthetic", "--batch-size", 512, "--epochs", 10,
-            "--accumulation-steps", 2, "--steps", steps, "--checkpoint", checkpoint]
+    argv = [
+        TRAIN,
+        "--backend",
+        backend,
+        "--data",
+        "synthetic",
+        "--batch-size",
+        512,
+        "--epochs",
+        10,
+        "--accumulation-steps",
+        2,
+        "--steps",
+        steps,
+        "--checkpoint",
+        checkpoint,
+    ]
     launch_ok(LAUNCHERS[backend], 2, argv + (["--resume", resume] if resume else []), timeout=150)
     return checkpoint
 
@@ -58,6 +72,7 @@ def runs(tmp_path_factory):
             steps = 2 * HALF if kind == "straight" else HALF
             cache[backend, kind] = train(directory, backend, f"{backend}-{kind}", steps)
         return cache[backend, kind]
+
     return get
 
 

@@ -3,9 +3,9 @@
 from collections import Counter
 
 import pytest
+from conftest import WORKERS, launch_ok, read_rank_json
 
 import paraflow
-from conftest import WORKERS, launch_ok, read_rank_json
 from paraflow.training.sampler import ShardSampler
 
 SIZE, EPOCHS = 23, 3  # 23 is odd: two ranks cannot split it evenly

@@ -1,15 +1,15 @@
 """Uneven inputs: with backend.join, ranks running different numbers of batches finish together."""
 
 import pytest
-
 from conftest import WORKERS, launch_ok, read_rank_json, requires_horovod
 
 SKEWS = (1, 3)
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend, launcher", [("ddp-gloo", "torchrun"),
-                                               pytest.param("horovod", "mpirun", marks=requires_horovod)])
+@pytest.mark.parametrize(
+    "backend, launcher", [("ddp-gloo", "torchrun"), pytest.param("horovod", "mpirun", marks=requires_horovod)]
+)
 def test_skewed_ranks_finish_with_the_same_model_and_optimizer(tmp_path, backend, launcher):
     # The worker's collectives time out after 60 s; a hang fails this launch after 150 s.
     launch_ok(launcher, 2, [WORKERS / "uneven.py", backend, tmp_path, *SKEWS], timeout=150)
@@ -23,7 +23,9 @@ def test_skewed_ranks_finish_with_the_same_model_and_optimizer(tmp_path, backend
 
 def test_join_is_a_no_op_for_one_process_backends():
     import torch
+
     import paraflow
+
     with paraflow.init("single") as backend:
         model = backend.wrap_model(torch.nn.Linear(2, 2))
         with backend.join(model, torch.optim.SGD(model.parameters(), lr=0.1)):

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from conftest import ROOT, launch_ok, requires_gpu
 from torch import nn
 
 import paraflow
-from conftest import ROOT, launch_ok, requires_gpu
 
 
 @requires_gpu
@@ -32,6 +32,7 @@ def test_dp_on_gpu_wraps_every_visible_device():
 @pytest.mark.timeout(300)
 def test_train_script_on_gpu(tmp_path):
     import json
+
     for backend in ("ddp-nccl", "dp"):
         out = tmp_path / f"{backend}.json"
         launch_ok("python", 1, [ROOT / "train.py", "--backend", backend, "--json-out", out], timeout=240)

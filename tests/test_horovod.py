@@ -6,29 +6,32 @@ import textwrap
 
 import pytest
 import torch
+from conftest import WORKERS, launch, launch_ok, read_rank_json, requires_horovod
 from torch import nn
 
 import paraflow
-from conftest import WORKERS, launch, launch_ok, read_rank_json, requires_horovod
 from paraflow.environment.launchers import ProcessEnvironment
-from paraflow.errors import (ConfigurationError, LauncherError, MissingDependencyError, ParaflowError)
+from paraflow.errors import ConfigurationError, LauncherError, MissingDependencyError, ParaflowError
 
 # ---------------------------------------------------------------- options (no horovod needed)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"compression": "bf16"}, "'none', 'fp16'"),
-    ({"compression": "int8"}, "'none', 'fp16'"),
-    ({"reduce_op": "mean"}, "'average', 'sum', 'adasum'"),
-    ({"controller": "nccl"}, "'auto', 'mpi', 'gloo'"),
-    ({"accumulation_steps": 0}, "accumulation_steps"),
-    ({"accumulation_steps": 1.5}, "accumulation_steps"),
-    ({"gradient_predivide_factor": 0}, "gradient_predivide_factor"),
-    ({"gradient_predivide_factor": 2.0, "reduce_op": "sum"}, "reduce_op='average' only"),
-    ({"fusion_threshold_mb": -1}, "non-negative"),
-    ({"cycle_time_ms": 0}, "positive"),
-    ({"bucket_cap_mb": 25}, "fusion_threshold_mb"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"compression": "bf16"}, "'none', 'fp16'"),
+        ({"compression": "int8"}, "'none', 'fp16'"),
+        ({"reduce_op": "mean"}, "'average', 'sum', 'adasum'"),
+        ({"controller": "nccl"}, "'auto', 'mpi', 'gloo'"),
+        ({"accumulation_steps": 0}, "accumulation_steps"),
+        ({"accumulation_steps": 1.5}, "accumulation_steps"),
+        ({"gradient_predivide_factor": 0}, "gradient_predivide_factor"),
+        ({"gradient_predivide_factor": 2.0, "reduce_op": "sum"}, "reduce_op='average' only"),
+        ({"fusion_threshold_mb": -1}, "non-negative"),
+        ({"cycle_time_ms": 0}, "positive"),
+        ({"bucket_cap_mb": 25}, "fusion_threshold_mb"),
+    ],
+)
 def test_bad_options_fail_at_construction_naming_what_is_accepted(options, message):
     with pytest.raises(ConfigurationError) as err:
         paraflow.get_backend("horovod", **options)
@@ -36,10 +39,23 @@ def test_bad_options_fail_at_construction_naming_what_is_accepted(options, messa
 
 
 def test_options_are_kept_under_their_names():
-    backend = paraflow.get_backend("horovod", compression="fp16", accumulation_steps=3, reduce_op="sum",
-                                   fusion_threshold_mb=0, cycle_time_ms=2.5, controller="gloo")
-    assert (backend.compression, backend.accumulation_steps, backend.reduce_op, backend.fusion_threshold_mb,
-            backend.cycle_time_ms, backend.requested_controller) == ("fp16", 3, "sum", 0.0, 2.5, "gloo")
+    backend = paraflow.get_backend(
+        "horovod",
+        compression="fp16",
+        accumulation_steps=3,
+        reduce_op="sum",
+        fusion_threshold_mb=0,
+        cycle_time_ms=2.5,
+        controller="gloo",
+    )
+    assert (
+        backend.compression,
+        backend.accumulation_steps,
+        backend.reduce_op,
+        backend.fusion_threshold_mb,
+        backend.cycle_time_ms,
+        backend.requested_controller,
+    ) == ("fp16", 3, "sum", 0.0, 2.5, "gloo")
     assert backend.controller is None and backend.transport is None  # not started yet
 
 
@@ -73,6 +89,7 @@ def test_missing_horovod_is_listed_unavailable_and_nothing_else_breaks(no_horovo
 
 def test_horovod_without_its_torch_extension_is_reported(monkeypatch):
     import types
+
     for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
         monkeypatch.delitem(sys.modules, name)
     package = types.ModuleType("horovod")
@@ -126,8 +143,15 @@ def test_mpi_launcher_whose_mpi_horovod_was_not_built_for_is_refused():
 @requires_horovod
 def test_one_process_session_wraps_with_the_options_asked_for():
     import horovod.torch as hvd
-    backend = paraflow.get_backend("horovod", num_threads=1, compression="fp16", accumulation_steps=2,
-                                   reduce_op="average", gradient_predivide_factor=2.0)
+
+    backend = paraflow.get_backend(
+        "horovod",
+        num_threads=1,
+        compression="fp16",
+        accumulation_steps=2,
+        reduce_op="average",
+        gradient_predivide_factor=2.0,
+    )
     with backend:
         assert (backend.controller, backend.transport, backend.world_size) == ("gloo", "gloo", 1)
         model = backend.wrap_model(nn.Linear(3, 2))
@@ -139,7 +163,7 @@ def test_one_process_session_wraps_with_the_options_asked_for():
         assert optimizer._compression is hvd.Compression.fp16
         delays = dict(optimizer._allreduce_delay)
         with backend.no_sync(model):
-            assert all(optimizer._allreduce_delay[p] > 10 ** 6 for p in delays)
+            assert all(optimizer._allreduce_delay[p] > 10**6 for p in delays)
             model(torch.ones(1, 3)).sum().backward()
         assert optimizer._allreduce_delay == delays  # passes inside no_sync do not count
         optimizer.step()
@@ -214,11 +238,15 @@ def test_tuning_options_reach_horovod_and_a_restart_it_would_crash_on_is_refused
 
 @requires_horovod
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("launcher, controller, options, gradient", [
-    ("mpirun", "mpi", {}, 1.5),                                                # the average of 1 and 2
-    ("horovodrun", "gloo", {"reduce_op": "sum"}, 3.0),
-    ("torchrun", "gloo", {"compression": "fp16", "gradient_predivide_factor": 2.0}, 1.5),
-], ids=["mpirun", "horovodrun-sum", "torchrun-fp16-predivide"])
+@pytest.mark.parametrize(
+    "launcher, controller, options, gradient",
+    [
+        ("mpirun", "mpi", {}, 1.5),  # the average of 1 and 2
+        ("horovodrun", "gloo", {"reduce_op": "sum"}, 3.0),
+        ("torchrun", "gloo", {"compression": "fp16", "gradient_predivide_factor": 2.0}, 1.5),
+    ],
+    ids=["mpirun", "horovodrun-sum", "torchrun-fp16-predivide"],
+)
 def test_real_ranks(tmp_path, launcher, controller, options, gradient):
     """Controller per launcher; bad shapes; parameter, buffer and optimizer broadcasts; gradient options."""
     launch_ok(launcher, 2, [WORKERS / "horovod_checks.py", tmp_path, json.dumps(options)], timeout=150)
@@ -242,14 +270,18 @@ def test_real_ranks(tmp_path, launcher, controller, options, gradient):
 # ---------------------------------------------------------------- rendezvous helpers
 
 
-@pytest.mark.parametrize("hosts, rank, local_rank, expected", [
-    (["a", "a"], 1, 1, (1, 2, 0, 1)),                   # one host
-    (["a", "a", "b", "b"], 2, 0, (0, 2, 1, 2)),         # two hosts, first slot of the second
-    (["a", "a", "b", "b"], 3, 1, (1, 2, 1, 2)),
-    (["a", "a", "b"], 1, 1, (1, 2, 0, 1)),              # uneven: only host a has a local rank 1
-])
+@pytest.mark.parametrize(
+    "hosts, rank, local_rank, expected",
+    [
+        (["a", "a"], 1, 1, (1, 2, 0, 1)),  # one host
+        (["a", "a", "b", "b"], 2, 0, (0, 2, 1, 2)),  # two hosts, first slot of the second
+        (["a", "a", "b", "b"], 3, 1, (1, 2, 1, 2)),
+        (["a", "a", "b"], 1, 1, (1, 2, 0, 1)),  # uneven: only host a has a local rank 1
+    ],
+)
 def test_rendezvous_gives_horovods_local_and_cross_ranks(hosts, rank, local_rank, expected):
     from paraflow.backends.horovod.rendezvous import GlooRendezvous
+
     local_size = hosts.count(hosts[rank])
     env = ProcessEnvironment("torchrun", rank, len(hosts), local_rank, local_size, "a", 1)
     rendezvous = GlooRendezvous(env, "a", 1, serve_store=False, timeout=5)
@@ -258,6 +290,7 @@ def test_rendezvous_gives_horovods_local_and_cross_ranks(hosts, rank, local_rank
 
 def test_gloo_interface_towards_this_host_is_loopback():
     from paraflow.backends.horovod.rendezvous import gloo_interface
+
     assert gloo_interface("127.0.0.1") == "lo"
 
 
@@ -266,12 +299,14 @@ def test_gloo_interface_towards_this_host_is_loopback():
 
 def test_build_cache_key_names_horovod_torch_and_python():
     from paraflow.backends.horovod.build import cache_key
+
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     assert cache_key(sys.executable) == f"horovod-0.28.1-torch{torch.__version__.split('+')[0]}-{tag}"
 
 
 def test_build_without_compilers_says_what_to_apt_get_first(monkeypatch, tmp_path, capsys):
     import paraflow.backends.horovod.build as build
+
     monkeypatch.setenv("PARAFLOW_WHEEL_CACHE", str(tmp_path))
     monkeypatch.setattr(build.shutil, "which", lambda tool: None)
     monkeypatch.setattr(build, "probe", lambda python: {"version": None})  # as if horovod were absent

@@ -8,8 +8,13 @@ from torch.nn.parallel import DistributedDataParallel
 import paraflow
 from paraflow.backends.ddp.backend import DDPBackend
 from paraflow.environment.launchers import ProcessEnvironment
-from paraflow.errors import (BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError,
-                             UnknownBackendError)
+from paraflow.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    LauncherError,
+    ParaflowError,
+    UnknownBackendError,
+)
 
 CORE = ["single", "dp", "ddp", "ddp-gloo", "ddp-nccl"]
 
@@ -42,10 +47,20 @@ def test_one_ddp_class_with_presets():
 
 
 def test_ddp_options_pass_through_under_torch_names():
-    backend = paraflow.get_backend("ddp-gloo", bucket_cap_mb=7, gradient_as_bucket_view=True,
-                                   static_graph=True, find_unused_parameters=False, num_threads=1)
-    assert backend.ddp_options == {"bucket_cap_mb": 7, "gradient_as_bucket_view": True,
-                                   "static_graph": True, "find_unused_parameters": False}
+    backend = paraflow.get_backend(
+        "ddp-gloo",
+        bucket_cap_mb=7,
+        gradient_as_bucket_view=True,
+        static_graph=True,
+        find_unused_parameters=False,
+        num_threads=1,
+    )
+    assert backend.ddp_options == {
+        "bucket_cap_mb": 7,
+        "gradient_as_bucket_view": True,
+        "static_graph": True,
+        "find_unused_parameters": False,
+    }
     with backend:
         model = backend.wrap_model(nn.Linear(3, 2))
         assert isinstance(model, DistributedDataParallel)
@@ -102,6 +117,7 @@ def test_one_process_backends_refuse_a_multi_process_launcher(name):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU pass-through; this host has a GPU")
 def test_dp_on_cpu_is_a_pass_through_that_says_so(monkeypatch):
     from paraflow.backends.dp import DataParallelBackend
+
     monkeypatch.setattr(DataParallelBackend, "_warned_cpu", False)
     with pytest.warns(UserWarning, match="pass-through"), paraflow.init("dp") as backend:
         model = backend.wrap_model(nn.Linear(3, 2))
@@ -112,6 +128,7 @@ def test_dp_on_cpu_is_a_pass_through_that_says_so(monkeypatch):
 
 def test_threads_default_to_cores_per_local_process(monkeypatch):
     import paraflow.core.placement as placement
+
     monkeypatch.setattr(placement, "cores", lambda: 8)
     monkeypatch.delenv("PARAFLOW_NUM_THREADS", raising=False)
     assert placement.threads_per_process(None, local_world_size=4) == 2

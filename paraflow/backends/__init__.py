@@ -5,9 +5,7 @@ Registration names a class as "module:Class", so no backend module is imported u
 
 from ..core.registry import register
 
-register("single", "paraflow.backends.single:SingleProcessBackend",
-         "one process, no wrapper: the baseline")
-register("dp", "paraflow.backends.dp:DataParallelBackend",
-         "torch.nn.DataParallel over the visible GPUs, one process")
+register("single", "paraflow.backends.single:SingleProcessBackend", "one process, no wrapper: the baseline")
+register("dp", "paraflow.backends.dp:DataParallelBackend", "torch.nn.DataParallel over the visible GPUs, one process")
 
 from . import ddp, horovod  # noqa: E402,F401  (each registers its names, in this order)

@@ -23,13 +23,16 @@ class DataParallelBackend(LocalCollectives, Backend):
 
     OPTIONS = frozenset({"device_ids", "output_device"})
     MULTI_PROCESS = False
+    LAUNCHERS = ("python",)
     _warned_cpu = False
 
     def _init(self) -> None:
         if self.device.type != "cuda" and not DataParallelBackend._warned_cpu:
             DataParallelBackend._warned_cpu = True
-            warnings.warn("dp: no GPU visible, so DataParallel runs as a pass-through on the CPU "
-                          "(one replica, no splitting).", stacklevel=3)
+            warnings.warn(
+                "dp: no GPU visible, so DataParallel runs as a pass-through on the CPU (one replica, no splitting).",
+                stacklevel=3,
+            )
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Move `model` to the first GPU and wrap it in nn.DataParallel.

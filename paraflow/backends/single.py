@@ -14,6 +14,7 @@ class SingleProcessBackend(LocalCollectives, Backend):
     """One process training the whole batch; what every other backend is measured against."""
 
     MULTI_PROCESS = False
+    LAUNCHERS = ("python",)
 
     def _init(self) -> None:
         pass

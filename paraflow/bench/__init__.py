@@ -14,5 +14,13 @@ from .driver.matrix import Cell, build_matrix
 from .driver.run import run_bench
 from .report.tables import build_tables
 
-__all__ = ["BenchConfig", "ModelSpec", "Cell", "build_matrix", "run_bench", "build_tables",
-           "message_sizes", "parse_size"]
+__all__ = [
+    "BenchConfig",
+    "ModelSpec",
+    "Cell",
+    "build_matrix",
+    "run_bench",
+    "build_tables",
+    "message_sizes",
+    "parse_size",
+]

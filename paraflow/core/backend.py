@@ -5,7 +5,8 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
-from typing import Any, ContextManager, Iterator, Mapping, MutableMapping, Optional
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any, ContextManager, Optional
 
 import torch
 from torch import nn
@@ -13,12 +14,12 @@ from torch.utils.data import Dataset
 
 from ..environment.launchers import ProcessEnvironment, detect_environment
 from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError
-from .collectives import Collectives
-from .options import COMMON_OPTIONS, check_accumulation_steps, check_compression, timeout_seconds
-from .placement import select_device, threads_per_process
 from ..reliability.failures import abort_mpi_job_on_uncaught_error
 from ..training.precision import GradScaler, autocast, check_precision, check_precision_on
 from ..training.sampler import ShardSampler
+from .collectives import Collectives
+from .options import COMMON_OPTIONS, check_accumulation_steps, check_compression, timeout_seconds
+from .placement import select_device, threads_per_process
 
 __all__ = ["Backend"]
 
@@ -47,15 +48,26 @@ class Backend(Collectives, abc.ABC):
     OPTIONS: frozenset = frozenset()
     #: Whether one process may be one of several started by a launcher.
     MULTI_PROCESS = True
+    #: Launchers this backend is started with, preferred first (benchmark matrix, `paraflow run`).
+    LAUNCHERS: tuple = ("torchrun",)
     #: Gradient compressions this backend can do; anything else fails at construction.
     COMPRESSIONS: frozenset = frozenset({"none"})
     #: Why the compressions missing from COMPRESSIONS are missing (for the error message).
     COMPRESSION_LIMIT = "it communicates no gradients between processes"
 
-    def __init__(self, name: str, *, num_threads: Optional[int] = None,
-                 timeout: Optional[float] = None, world_size: Optional[int] = None,
-                 device: Optional[str] = None, precision: str = "fp32", compression: str = "none",
-                 accumulation_steps: int = 1, **options: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        num_threads: Optional[int] = None,
+        timeout: Optional[float] = None,
+        world_size: Optional[int] = None,
+        device: Optional[str] = None,
+        precision: str = "fp32",
+        compression: str = "none",
+        accumulation_steps: int = 1,
+        **options: Any,
+    ) -> None:
         unknown = set(options) - self.OPTIONS
         if unknown:
             accepted = sorted(self.OPTIONS | COMMON_OPTIONS)
@@ -83,7 +95,7 @@ class Backend(Collectives, abc.ABC):
         """None when this backend can run on this machine, else why it cannot."""
         return None
 
-    def init(self, environment: Optional[ProcessEnvironment] = None) -> "Backend":
+    def init(self, environment: Optional[ProcessEnvironment] = None) -> Backend:
         """Join the job: detect the launcher, pin the device and threads, start communication."""
         if self._initialized:
             return self
@@ -110,7 +122,7 @@ class Backend(Collectives, abc.ABC):
             self._initialized = False
             self._shutdown()
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         return self.init()
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -161,8 +173,9 @@ class Backend(Collectives, abc.ABC):
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Move `model` to this process's device and wrap it for gradient synchronisation."""
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer,
-                       model: Optional[nn.Module] = None) -> torch.optim.Optimizer:
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None
+    ) -> torch.optim.Optimizer:
         """Return an optimizer whose step sees synchronised gradients (unchanged by default)."""
         return optimizer
 
@@ -215,8 +228,9 @@ class Backend(Collectives, abc.ABC):
         """
         return contextlib.nullcontext()
 
-    def distributed_sampler(self, dataset: Dataset, shuffle: bool = True, seed: int = 0,
-                            drop_last: bool = False) -> ShardSampler:
+    def distributed_sampler(
+        self, dataset: Dataset, shuffle: bool = True, seed: int = 0, drop_last: bool = False
+    ) -> ShardSampler:
         """A sampler giving this rank its shard of `dataset`; call ``set_epoch`` each epoch.
 
         Every sample goes to exactly one rank per epoch, reshuffled each epoch from `seed`. With
@@ -224,8 +238,9 @@ class Backend(Collectives, abc.ABC):
         ``drop_last=True`` the ``len(dataset) % world_size`` remainder is left out of each epoch
         so all shards are equal. See :class:`paraflow.training.sampler.ShardSampler`.
         """
-        return ShardSampler(dataset, num_replicas=self.world_size, rank=self.rank,
-                            shuffle=shuffle, seed=seed, drop_last=drop_last)
+        return ShardSampler(
+            dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, path: str, state: Mapping[str, Any]) -> None:
@@ -235,6 +250,7 @@ class Backend(Collectives, abc.ABC):
         else as it is; every rank's RNG states are added. See :mod:`paraflow.training.checkpoint`.
         """
         from ..training.checkpoint import save_checkpoint
+
         save_checkpoint(self, path, state)
 
     def load(self, path: str, state: Optional[MutableMapping[str, Any]] = None) -> dict:
@@ -244,6 +260,7 @@ class Backend(Collectives, abc.ABC):
         restored too. Works across backends. See :mod:`paraflow.training.checkpoint`.
         """
         from ..training.checkpoint import load_checkpoint
+
         return load_checkpoint(self, path, state)
 
     # ---------------------------------------------------------------- for subclasses

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 import torch
 
@@ -59,8 +60,7 @@ class Collectives(abc.ABC):
             self._barrier()
 
     @contextlib.contextmanager
-    def _guard(self, collective: str, tensor: Optional[torch.Tensor] = None,
-               **arguments: Any) -> Iterator[None]:
+    def _guard(self, collective: str, tensor: Optional[torch.Tensor] = None, **arguments: Any) -> Iterator[None]:
         """Around one collective: all ranks must agree on it (paraflow.reliability.collective_check), and
         communication failures leave as paraflow errors (paraflow.reliability.failures)."""
         with collective_errors(self, collective):
@@ -105,4 +105,3 @@ class LocalCollectives:
 
     def barrier(self) -> None:
         """Nothing to wait for in one process."""
-

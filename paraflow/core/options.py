@@ -5,16 +5,26 @@ from __future__ import annotations
 import datetime
 import math
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import ConfigurationError
 
-__all__ = ["COMMON_OPTIONS", "COMPRESSIONS", "DEFAULT_TIMEOUT_S", "REDUCE_OPS", "check_accumulation_steps",
-           "check_compression", "check_one_of", "timeout_seconds"]
+__all__ = [
+    "COMMON_OPTIONS",
+    "COMPRESSIONS",
+    "DEFAULT_TIMEOUT_S",
+    "REDUCE_OPS",
+    "check_accumulation_steps",
+    "check_compression",
+    "check_one_of",
+    "timeout_seconds",
+]
 
 #: Options every backend accepts besides its own OPTIONS.
-COMMON_OPTIONS = frozenset({"num_threads", "timeout", "world_size", "device", "precision", "compression",
-                            "accumulation_steps"})
+COMMON_OPTIONS = frozenset(
+    {"num_threads", "timeout", "world_size", "device", "precision", "compression", "accumulation_steps"}
+)
 #: Gradient compressions any backend may offer; each backend lists the ones it can do.
 COMPRESSIONS = ("none", "fp16", "bf16")
 #: Reductions the public allreduce takes.
@@ -80,5 +90,6 @@ def timeout_seconds(timeout: Any) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ConfigurationError(
             f"{source}={timeout!r} is not a positive, finite number of seconds; "
-            f"set it to e.g. 600 (the default) or 30 for a quick failure.")
+            f"set it to e.g. 600 (the default) or 30 for a quick failure."
+        )
     return value

@@ -30,7 +30,8 @@ class BackendSpec:
         except AttributeError:
             raise ConfigurationError(
                 f"backend {self.name!r} is registered as {self.target!r}, but module {module!r} has no "
-                f"{cls!r}; fix the register_backend call.") from None
+                f"{cls!r}; fix the register_backend call."
+            ) from None
 
 
 _REGISTRY: dict[str, BackendSpec] = {}
@@ -41,8 +42,9 @@ def register(name: str, target: Union[str, type], description: str = "", **prese
     _REGISTRY[name] = BackendSpec(name, target, presets, description)
 
 
-def register_backend(name: str, backend: Union[str, type], *, description: str = "", replace: bool = False,
-                     **presets: Any) -> None:
+def register_backend(
+    name: str, backend: Union[str, type], *, description: str = "", replace: bool = False, **presets: Any
+) -> None:
     """Make a backend available to :func:`paraflow.init` and ``--backend`` under `name`.
 
     Args:
@@ -61,12 +63,14 @@ def register_backend(name: str, backend: Union[str, type], *, description: str =
             raise ConfigurationError(f"register {name!r} with a class or 'module:Class', got {backend!r}.")
     else:
         from .backend import Backend
+
         if not (isinstance(backend, type) and issubclass(backend, Backend)):
             raise ConfigurationError(f"backend {name!r} must be a paraflow.Backend subclass, got {backend!r}.")
     if name in _REGISTRY and not replace:
         raise ConfigurationError(
             f"backend {name!r} is already registered ({_REGISTRY[name].target}); pick another name "
-            "or pass replace=True.")
+            "or pass replace=True."
+        )
     register(name, backend, description, **presets)
 
 
@@ -101,4 +105,3 @@ def available_backends() -> dict[str, Optional[str]]:
         except ImportError as exc:  # a backend module whose own imports fail
             result[name] = str(exc)
     return result
-

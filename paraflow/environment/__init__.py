@@ -5,8 +5,13 @@ table in :mod:`paraflow.environment.launchers`; rank 0's address for launchers t
 it in :mod:`paraflow.environment.rendezvous`.
 """
 
-from .launchers import (LAUNCHERS, ProcessEnvironment, detect_environment, expand_hostlist, free_port,
-                        launcher_variables)
+from .launchers import LAUNCHERS, ProcessEnvironment, detect_environment, expand_hostlist, free_port, launcher_variables
 
-__all__ = ["ProcessEnvironment", "detect_environment", "LAUNCHERS", "expand_hostlist", "launcher_variables",
-           "free_port"]
+__all__ = [
+    "ProcessEnvironment",
+    "detect_environment",
+    "LAUNCHERS",
+    "expand_hostlist",
+    "launcher_variables",
+    "free_port",
+]

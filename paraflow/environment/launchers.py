@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Optional
 
 from ..errors import LauncherError
 
@@ -56,26 +57,69 @@ class _Launcher:
 
 # Fixed priority: torchrun often runs inside an srun allocation, so it comes first.
 LAUNCHERS = (
-    _Launcher("torchrun", "torchrun --nproc_per_node N train.py", "RANK",
-              "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-    _Launcher("slurm", "srun -n N python train.py", "SLURM_PROCID",
-              "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
-    _Launcher("openmpi", "mpirun -np N python train.py", "OMPI_COMM_WORLD_RANK",
-              "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-              "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    _Launcher("mpich", "mpiexec -n N python train.py", "PMI_RANK",
-              "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    _Launcher("mvapich2", "mpirun_rsh -np N python train.py", "MV2_COMM_WORLD_RANK",
-              "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
-              "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),
-    _Launcher("horovodrun", "horovodrun -np N --gloo python train.py", "HOROVOD_RANK",
-              "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+    _Launcher(
+        "torchrun",
+        "torchrun --nproc_per_node N train.py",
+        "RANK",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+    ),
+    _Launcher(
+        "slurm", "srun -n N python train.py", "SLURM_PROCID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None
+    ),
+    _Launcher(
+        "openmpi",
+        "mpirun -np N python train.py",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+    _Launcher(
+        "mpich",
+        "mpiexec -n N python train.py",
+        "PMI_RANK",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS",
+    ),
+    _Launcher(
+        "mvapich2",
+        "mpirun_rsh -np N python train.py",
+        "MV2_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_SIZE",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+        "MV2_COMM_WORLD_LOCAL_SIZE",
+    ),
+    _Launcher(
+        "horovodrun",
+        "horovodrun -np N --gloo python train.py",
+        "HOROVOD_RANK",
+        "HOROVOD_RANK",
+        "HOROVOD_SIZE",
+        "HOROVOD_LOCAL_RANK",
+        "HOROVOD_LOCAL_SIZE",
+    ),
 )
 
 # Every variable a launcher sets for the processes it starts (besides MASTER_ADDR / MASTER_PORT).
 _LAUNCHER_PREFIXES = ("OMPI_COMM_WORLD_", "PMI_", "PMIX_", "SLURM_", "HOROVOD_", "MV2_COMM_WORLD_", "MPI_LOCAL")
-_LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                   "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_LAUNCHER_NAMES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def launcher_variables(env: Mapping[str, str]) -> list:
@@ -155,8 +199,13 @@ def detect_environment(env: Optional[Mapping[str, str]] = None) -> ProcessEnviro
         if launcher.marker not in env:
             continue
         rank = _int(env, launcher.rank, launcher)
-        world = _int(env, "SLURM_STEP_NUM_TASKS" if launcher.name == "slurm" and "SLURM_STEP_NUM_TASKS" in env
-                     else launcher.world_size, launcher)
+        world = _int(
+            env,
+            "SLURM_STEP_NUM_TASKS"
+            if launcher.name == "slurm" and "SLURM_STEP_NUM_TASKS" in env
+            else launcher.world_size,
+            launcher,
+        )
         local_rank = _int(env, launcher.local_rank, launcher) if launcher.local_rank else 0
         if launcher.local_world_size and launcher.local_world_size in env:
             local_world = _int(env, launcher.local_world_size, launcher)
@@ -178,8 +227,11 @@ def detect_environment(env: Optional[Mapping[str, str]] = None) -> ProcessEnviro
             f"started this process. Launch with `torchrun --nproc_per_node N train.py` or "
             f"`mpirun -np N python train.py`, or unset {', '.join(stray)} to run one process."
         )
-    return ProcessEnvironment("python", master_addr=env.get("MASTER_ADDR"),
-                              master_port=int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None)
+    return ProcessEnvironment(
+        "python",
+        master_addr=env.get("MASTER_ADDR"),
+        master_port=int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else None,
+    )
 
 
 def free_port(host: str = "") -> int:

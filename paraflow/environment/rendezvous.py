@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from .launchers import ProcessEnvironment, free_port
 from ..errors import LauncherError, MissingDependencyError
+from .launchers import ProcessEnvironment, free_port
 
 __all__ = ["resolve_master"]
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 __all__ = ["ScopedEnv"]
 

@@ -29,8 +29,9 @@ def _digits(seed: int, test_fraction: float) -> tuple[TensorDataset, TensorDatas
     return TensorDataset(x[train], y[train]), TensorDataset(x[test], y[test])
 
 
-def _synthetic(seed: int, test_fraction: float, size: int, shape: tuple[int, ...],
-               classes: int) -> tuple[TensorDataset, TensorDataset]:
+def _synthetic(
+    seed: int, test_fraction: float, size: int, shape: tuple[int, ...], classes: int
+) -> tuple[TensorDataset, TensorDataset]:
     """Gaussian images labelled by a fixed random linear teacher, so there is something to learn."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(size, *shape, generator=g)
@@ -40,8 +41,14 @@ def _synthetic(seed: int, test_fraction: float, size: int, shape: tuple[int, ...
     return TensorDataset(x[n_test:], y[n_test:]), TensorDataset(x[:n_test], y[:n_test])
 
 
-def load_dataset(name: str, seed: int = 0, test_fraction: float = 0.2, size: int = 4096,
-                 shape: tuple[int, ...] = (1, 8, 8), classes: int = 10) -> tuple[TensorDataset, TensorDataset]:
+def load_dataset(
+    name: str,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    size: int = 4096,
+    shape: tuple[int, ...] = (1, 8, 8),
+    classes: int = 10,
+) -> tuple[TensorDataset, TensorDataset]:
     """Return (train, test) for `name`; identical on every rank for the same seed.
 
     `size`, `shape` and `classes` apply to synthetic data; digits are 1x8x8 with 10 classes.

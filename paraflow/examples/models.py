@@ -36,9 +36,14 @@ class ConvNet(nn.Module):
         super().__init__()
         channels = in_shape[0]
         self.features = nn.Sequential(
-            nn.Conv2d(channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Conv2d(channels, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
         )
         self.head = nn.Linear(2 * width, classes)
 
@@ -49,14 +54,14 @@ class ConvNet(nn.Module):
 class TinyTransformer(nn.Module):
     """Each image row is a token: linear embedding, pre-norm encoder layers, mean pooling."""
 
-    def __init__(self, in_shape: tuple[int, ...], classes: int, width: int = 64, depth: int = 2,
-                 heads: int = 4):
+    def __init__(self, in_shape: tuple[int, ...], classes: int, width: int = 64, depth: int = 2, heads: int = 4):
         super().__init__()
         channels, rows, cols = in_shape
         self.embed = nn.Linear(channels * cols, width)
         self.position = nn.Parameter(torch.zeros(1, rows, width))
-        layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=4 * width, dropout=0.0,
-                                           batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            width, heads, dim_feedforward=4 * width, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
         self.head = nn.Linear(width, classes)
 

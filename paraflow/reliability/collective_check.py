@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from .debug import debug_enabled, trace
 from ..errors import CollectiveError
+from .debug import debug_enabled, trace
 
 if TYPE_CHECKING:
     from ..core.backend import Backend
@@ -29,8 +29,20 @@ __all__ = ["check_collective", "describe", "COLLECTIVES", "DESCRIPTOR_WORDS"]
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "barrier")
 _OPS = ("sum", "mean", "min", "max")
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+)
 _MAGIC = 0x5041524146  # "PARAF": a descriptor, not some other collective's payload
 _MAX_DIMS = 6
 _SITE_BYTES = 96
@@ -43,28 +55,30 @@ _SKIPPED_FILES = (os.path.abspath(contextlib.__file__),)
 def _call_site() -> str:
     """file:line of the first caller outside paraflow (about 1 µs)."""
     frame = sys._getframe(2)
-    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE_DIR)
-                                 or frame.f_code.co_filename in _SKIPPED_FILES):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_PACKAGE_DIR) or frame.f_code.co_filename in _SKIPPED_FILES
+    ):
         frame = frame.f_back
     if frame is None:
         return "?"
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
-def _encode(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int,
-            site: str) -> torch.Tensor:
+def _encode(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int, site: str) -> torch.Tensor:
     words = [-1] * DESCRIPTOR_WORDS
     words[0], words[1], words[2], words[6] = _MAGIC, COLLECTIVES.index(collective), sequence, argument
     if tensor is not None:
         shape = tuple(tensor.shape)
-        words[3] = (_DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES
-                    else 100 + zlib.crc32(str(tensor.dtype).encode()))
+        words[3] = (
+            _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else 100 + zlib.crc32(str(tensor.dtype).encode())
+        )
         words[4], words[5] = len(shape), tensor.numel()
         words[7] = hash(shape) & ((1 << 62) - 1)  # ints hash the same in every process
-        words[_HEADER:_HEADER + min(len(shape), _MAX_DIMS)] = shape[:_MAX_DIMS]
+        words[_HEADER : _HEADER + min(len(shape), _MAX_DIMS)] = shape[:_MAX_DIMS]
     raw = site.encode()[:_SITE_BYTES].ljust(_SITE_BYTES, b"\0")
-    words[_HEADER + _MAX_DIMS:] = [int.from_bytes(raw[i:i + 8], "little", signed=True)
-                                   for i in range(0, _SITE_BYTES, 8)]
+    words[_HEADER + _MAX_DIMS :] = [
+        int.from_bytes(raw[i : i + 8], "little", signed=True) for i in range(0, _SITE_BYTES, 8)
+    ]
     return torch.tensor(words, dtype=torch.int64)
 
 
@@ -75,10 +89,16 @@ class _Descriptor:
         self.valid = words[0] == _MAGIC and 0 <= words[1] < len(COLLECTIVES)
         self.collective = COLLECTIVES[words[1]] if self.valid else "?"
         self.sequence, self.dtype_code, self.ndim, self.numel, self.argument, self.shape_hash = (
-            words[2], words[3], words[4], words[5], words[6], words[7])
-        dims = words[_HEADER:_HEADER + min(max(self.ndim, 0), _MAX_DIMS)]
+            words[2],
+            words[3],
+            words[4],
+            words[5],
+            words[6],
+            words[7],
+        )
+        dims = words[_HEADER : _HEADER + min(max(self.ndim, 0), _MAX_DIMS)]
         self.shape = "[" + ", ".join(map(str, dims)) + (", ...]" if self.ndim > _MAX_DIMS else "]")
-        raw = b"".join(w.to_bytes(8, "little", signed=True) for w in words[_HEADER + _MAX_DIMS:])
+        raw = b"".join(w.to_bytes(8, "little", signed=True) for w in words[_HEADER + _MAX_DIMS :])
         self.site = raw.rstrip(b"\0").decode(errors="replace") or "?"
 
     @property
@@ -88,8 +108,13 @@ class _Descriptor:
         return "?"
 
     def key(self, field: str):
-        return {"collective": self.collective, "sequence": self.sequence, "dtype": self.dtype_code,
-                "shape": (self.ndim, self.numel, self.shape_hash), "argument": self.argument}[field]
+        return {
+            "collective": self.collective,
+            "sequence": self.sequence,
+            "dtype": self.dtype_code,
+            "shape": (self.ndim, self.numel, self.shape_hash),
+            "argument": self.argument,
+        }[field]
 
     def __str__(self) -> str:
         if not self.valid:
@@ -97,16 +122,20 @@ class _Descriptor:
         if self.collective == "barrier":
             call = "barrier()"
         else:
-            arg = {"allreduce": f", op={_OPS[self.argument] if 0 <= self.argument < len(_OPS) else '?'}",
-                   "broadcast": f", src={self.argument}", "allgather": ""}[self.collective]
+            arg = {
+                "allreduce": f", op={_OPS[self.argument] if 0 <= self.argument < len(_OPS) else '?'}",
+                "broadcast": f", src={self.argument}",
+                "allgather": "",
+            }[self.collective]
             call = f"{self.collective}({self.dtype}{self.shape}{arg})"
         return f"{call} as collective #{self.sequence} at {self.site}"
 
 
 _WHAT = {
     "collective": "ranks called different collectives",
-    "sequence": ("ranks have made different numbers of paraflow collectives (a backend created "
-                 "again on some ranks only?)"),
+    "sequence": (
+        "ranks have made different numbers of paraflow collectives (a backend created again on some ranks only?)"
+    ),
     "dtype": "the tensor's dtype differs across ranks",
     "shape": "the tensor's shape differs across ranks",
     "argument": "ranks passed different arguments",
@@ -134,8 +163,13 @@ def _mismatch(descriptors: list[_Descriptor]) -> Optional[str]:
     return None
 
 
-def check_collective(backend: "Backend", collective: str, tensor: Optional[torch.Tensor] = None,
-                     op: Optional[str] = None, src: Optional[int] = None) -> None:
+def check_collective(
+    backend: Backend,
+    collective: str,
+    tensor: Optional[torch.Tensor] = None,
+    op: Optional[str] = None,
+    src: Optional[int] = None,
+) -> None:
     """Raise CollectiveError on every rank unless all ranks are about to run the same collective.
 
     Call on every rank right before the collective itself. Costs one allgather of
@@ -158,7 +192,7 @@ def check_collective(backend: "Backend", collective: str, tensor: Optional[torch
     if backend.device.type == "cuda":
         mine = mine.to(backend.device)
     gathered = torch.stack(backend._allgather(mine)).cpu()
-    compared = gathered[:, :_HEADER + _MAX_DIMS]  # everything but the call site
+    compared = gathered[:, : _HEADER + _MAX_DIMS]  # everything but the call site
     if bool((compared == compared[0]).all()):
         return
     descriptors = [_Descriptor(row) for row in gathered.tolist()]
@@ -167,4 +201,5 @@ def check_collective(backend: "Backend", collective: str, tensor: Optional[torch
         raise CollectiveError(
             f"{collective} on rank {backend.rank}: {problem}: {describe(descriptors)}. Every rank "
             f"must call the same collectives in the same order, with tensors of the same shape and "
-            f"dtype and the same op / src.")
+            f"dtype and the same op / src."
+        )

@@ -35,6 +35,7 @@ def enable_torch_debug() -> None:
     """
     os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", TORCH_DEBUG_LEVEL)
     import torch.distributed as dist
+
     dist.set_debug_level_from_env()
 
 

@@ -16,7 +16,8 @@ import re
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from torch.nn.parallel import DistributedDataParallel
 
@@ -27,14 +28,28 @@ if TYPE_CHECKING:
 
     from ..core.backend import Backend
 
-__all__ = ["collective_errors", "translate_collective_error", "startup_errors", "call_with_deadline",
-           "wait_until", "DeadlineExceeded", "abort_mpi_job_on_uncaught_error", "store_for_this_attempt",
-           "unused_parameters_error", "CheckedDistributedDataParallel", "is_timeout", "is_peer_lost"]
+__all__ = [
+    "collective_errors",
+    "translate_collective_error",
+    "startup_errors",
+    "call_with_deadline",
+    "wait_until",
+    "DeadlineExceeded",
+    "abort_mpi_job_on_uncaught_error",
+    "store_for_this_attempt",
+    "unused_parameters_error",
+    "CheckedDistributedDataParallel",
+    "is_timeout",
+    "is_peer_lost",
+]
 
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded|stalled", re.IGNORECASE)
-_PEER_LOST = re.compile(r"connection (?:closed|reset|refused)|broken pipe|end of file|\beof\b|"
-                        r"socket (?:closed|shut)|has been shut down|remote process exited|"
-                        r"communicator was aborted", re.IGNORECASE)
+_PEER_LOST = re.compile(
+    r"connection (?:closed|reset|refused)|broken pipe|end of file|\beof\b|"
+    r"socket (?:closed|shut)|has been shut down|remote process exited|"
+    r"communicator was aborted",
+    re.IGNORECASE,
+)
 _CLIENTS_JOINED = re.compile(r"(\d+)/(\d+) clients joined")
 _ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 _UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank \d+: ([^\n]+)")
@@ -63,9 +78,16 @@ def _first_line(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def translate_collective_error(exc: BaseException, *, collective: str, rank: int, world_size: int,
-                               backend: str, timeout: float,
-                               waited: float = 0.0) -> Optional[CollectiveError]:
+def translate_collective_error(
+    exc: BaseException,
+    *,
+    collective: str,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout: float,
+    waited: float = 0.0,
+) -> Optional[CollectiveError]:
     """The paraflow error for `exc` raised inside `collective`, or None if it is not a communication failure.
 
     The result keeps `exc` as ``original``, so an outer call can name its own collective.
@@ -92,19 +114,21 @@ def translate_collective_error(exc: BaseException, *, collective: str, rank: int
             f"That rank is stopped, stuck in other work, or called a different collective; its own "
             f"output says which. If the wait is legitimate (a slow checkpoint, a long evaluation on "
             f"one rank), raise the limit with paraflow.init(timeout=SECONDS) or PARAFLOW_TIMEOUT. "
-            f"[{type(exc).__name__}: {cause}]")
+            f"[{type(exc).__name__}: {cause}]"
+        )
     elif is_peer_lost(exc):
         translated = CollectiveError(
             f"{where} failed: the connection to {peer} was lost, so that rank exited or crashed. "
             f"Its own error, or the launcher's summary of failed ranks, says why. "
-            f"[{type(exc).__name__}: {cause}]")
+            f"[{type(exc).__name__}: {cause}]"
+        )
     if translated is not None:
         translated.original = exc
     return translated
 
 
 @contextlib.contextmanager
-def collective_errors(backend: "Backend", collective: str) -> Iterator[None]:
+def collective_errors(backend: Backend, collective: str) -> Iterator[None]:
     """Context around one collective: communication failures leave it as paraflow errors.
 
     A failure a backend already translated for one of its own steps is translated again under
@@ -116,16 +140,23 @@ def collective_errors(backend: "Backend", collective: str) -> Iterator[None]:
     except RuntimeError as exc:
         original = getattr(exc, "original", None) if isinstance(exc, CollectiveError) else exc
         translated = original is not None and translate_collective_error(
-            original, collective=collective, rank=backend.rank, world_size=backend.world_size,
-            backend=backend.name, timeout=backend.timeout, waited=time.monotonic() - start)
+            original,
+            collective=collective,
+            rank=backend.rank,
+            world_size=backend.world_size,
+            backend=backend.name,
+            timeout=backend.timeout,
+            waited=time.monotonic() - start,
+        )
         if not translated:
             raise
         raise translated from original
 
 
 @contextlib.contextmanager
-def startup_errors(*, rank: int, world_size: int, address: Optional[str], port: Optional[int],
-                   timeout: float, launcher: str) -> Iterator[None]:
+def startup_errors(
+    *, rank: int, world_size: int, address: Optional[str], port: Optional[int], timeout: float, launcher: str
+) -> Iterator[None]:
     """Context around starting a process group: a taken port or missing ranks become LauncherError.
 
     Args:
@@ -148,7 +179,8 @@ def startup_errors(*, rank: int, world_size: int, address: Optional[str], port: 
                 f"is already in use by another process (another job, or a previous run that is "
                 f"still alive). Choose a free port: set MASTER_PORT (torchrun --master_port) to "
                 f"another value, or leave MASTER_ADDR/MASTER_PORT unset under mpirun so paraflow "
-                f"picks a free one.") from exc
+                f"picks a free one."
+            ) from exc
         joined = _CLIENTS_JOINED.search(str(exc))
         if joined or is_timeout(exc):
             count = f"only {joined.group(1)} of {joined.group(2)}" if joined else "not all"
@@ -158,7 +190,8 @@ def startup_errors(*, rank: int, world_size: int, address: Optional[str], port: 
                 f"from rank {rank}). Start exactly as many processes as the world size (torchrun "
                 f"--nproc_per_node {world_size}, mpirun -np {world_size}), check that no rank failed "
                 f"to start (rank 0 says so if the port was taken), and that every rank can reach "
-                f"{endpoint}.") from exc
+                f"{endpoint}."
+            ) from exc
         raise
 
 
@@ -212,8 +245,9 @@ def wait_until(done: Callable[[], bool], seconds: float, what: str) -> None:
         pause = min(2 * pause, 2e-4)
 
 
-def unused_parameters_error(exc: BaseException, module: "nn.Module", rank: int,
-                            option_hint: str) -> Optional[ConfigurationError]:
+def unused_parameters_error(
+    exc: BaseException, module: nn.Module, rank: int, option_hint: str
+) -> Optional[ConfigurationError]:
     """The paraflow error for DDP's "parameters that were not used in producing loss", or None.
 
     Args:
@@ -241,7 +275,8 @@ def unused_parameters_error(exc: BaseException, module: "nn.Module", rank: int,
         f"every parameter contribute to the loss, or freeze the unused ones with "
         f"requires_grad=False before wrap_model. Horovod needs no option: its "
         f"DistributedOptimizer allreduces a zero gradient for a parameter that got none (so "
-        f"momentum and weight decay still move it); freeze such parameters there too.")
+        f"momentum and weight decay still move it); freeze such parameters there too."
+    )
 
 
 def store_for_this_attempt(address: str, port: int, world_size: int, timeout: float):
@@ -255,8 +290,8 @@ def store_for_this_attempt(address: str, port: int, world_size: int, timeout: fl
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     import torch.distributed as dist
-    store = dist.TCPStore(address, port, world_size, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout))
+
+    store = dist.TCPStore(address, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout))
     return dist.PrefixStore(f"/paraflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 

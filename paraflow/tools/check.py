@@ -36,8 +36,12 @@ def collect() -> dict[str, Any]:
     from .. import __version__
 
     return {
-        "paraflow": {"version": __version__, "python": platform.python_version(),
-                     "platform": platform.platform(), "cpu_cores": cores()},
+        "paraflow": {
+            "version": __version__,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpu_cores": cores(),
+        },
         "torch": _torch(),
         "mpi": _mpi(),
         "horovod": _horovod(),
@@ -61,8 +65,14 @@ def _torch() -> dict[str, Any]:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
-            devices.append({"index": i, "name": p.name, "memory_gb": round(p.total_memory / 1e9, 1),
-                            "capability": f"{p.major}.{p.minor}"})
+            devices.append(
+                {
+                    "index": i,
+                    "name": p.name,
+                    "memory_gb": round(p.total_memory / 1e9, 1),
+                    "capability": f"{p.major}.{p.minor}",
+                }
+            )
     distributed = dist.is_available()
     nccl = distributed and dist.is_nccl_available()
     nccl_version = None
@@ -73,19 +83,27 @@ def _torch() -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - a version we cannot read is just not shown
             pass
     return {
-        "version": torch.__version__, "build": build,
-        "cuda_available": torch.cuda.is_available(), "cuda_devices": devices,
+        "version": torch.__version__,
+        "build": build,
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_devices": devices,
         "distributed": distributed,
         "gloo": distributed and dist.is_gloo_available(),
-        "nccl": nccl, "nccl_version": nccl_version,
+        "nccl": nccl,
+        "nccl_version": nccl_version,
         "mpi": distributed and dist.is_mpi_available(),
     }
 
 
 def _mpi() -> dict[str, Any]:
-    info: dict[str, Any] = {"mpirun": shutil.which("mpirun"), "mpirun_version": None,
-                            "mpi4py": None, "mpi4py_mpi_standard": None, "mpi4py_library": None,
-                            "mpi4py_error": None}
+    info: dict[str, Any] = {
+        "mpirun": shutil.which("mpirun"),
+        "mpirun_version": None,
+        "mpi4py": None,
+        "mpi4py_mpi_standard": None,
+        "mpi4py_library": None,
+        "mpi4py_error": None,
+    }
     if info["mpirun"]:
         out = _run([info["mpirun"], "--version"])
         info["mpirun_version"] = out.splitlines()[0].strip() if out else None
@@ -109,18 +127,30 @@ def _horovod() -> dict[str, Any]:
     from ..backends.horovod.imports import horovod_missing_reason
 
     spec = importlib.util.find_spec("horovod")
-    info: dict[str, Any] = {"installed": spec is not None, "version": None, "usable": False,
-                            "reason": None, "built_for_torch": None, "frameworks": {},
-                            "controllers": {}, "tensor_operations": {}}
+    info: dict[str, Any] = {
+        "installed": spec is not None,
+        "version": None,
+        "usable": False,
+        "reason": None,
+        "built_for_torch": None,
+        "frameworks": {},
+        "controllers": {},
+        "tensor_operations": {},
+    }
     if spec is None:
         info["reason"] = horovod_missing_reason()
         return info
     root = list(spec.submodule_search_locations or [])[0]
     info["version"] = _distribution_version("horovod")
     info["built_for_torch"] = _read_json(os.path.join(root, "metadata.json")).get("pytorch")
-    info["frameworks"] = {name: _extension_built(root, sub, lib) for name, sub, lib in
-                          (("pytorch", "torch", "mpi_lib_v2"), ("tensorflow", "tensorflow", "mpi_lib"),
-                           ("mxnet", "mxnet", "mpi_lib"))}
+    info["frameworks"] = {
+        name: _extension_built(root, sub, lib)
+        for name, sub, lib in (
+            ("pytorch", "torch", "mpi_lib_v2"),
+            ("tensorflow", "tensorflow", "mpi_lib"),
+            ("mxnet", "mxnet", "mpi_lib"),
+        )
+    }
     info["reason"] = horovod_missing_reason()
     if info["reason"] is None:
         import horovod.torch as hvd
@@ -128,9 +158,13 @@ def _horovod() -> dict[str, Any]:
         info["usable"] = True
         info["controllers"] = {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built())}
         info["tensor_operations"] = {
-            "nccl": bool(hvd.nccl_built()), "ddl": bool(hvd.ddl_built()), "ccl": bool(hvd.ccl_built()),
-            "mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()),
-            "cuda": bool(hvd.cuda_built()), "rocm": bool(hvd.rocm_built()),
+            "nccl": bool(hvd.nccl_built()),
+            "ddl": bool(hvd.ddl_built()),
+            "ccl": bool(hvd.ccl_built()),
+            "mpi": bool(hvd.mpi_built()),
+            "gloo": bool(hvd.gloo_built()),
+            "cuda": bool(hvd.cuda_built()),
+            "rocm": bool(hvd.rocm_built()),
         }
     return info
 
@@ -144,10 +178,18 @@ def _process() -> dict[str, Any]:
         env = detect_environment()
     except LauncherError as exc:
         return {**info, "launcher": None, "error": str(exc)}
-    return {**info, "launcher": env.launcher, "rank": env.rank, "world_size": env.world_size,
-            "local_rank": env.local_rank, "local_world_size": env.local_world_size,
-            "master_addr": env.master_addr, "master_port": env.master_port,
-            "horovod_controller": _horovod_controller(env.launcher), "error": None}
+    return {
+        **info,
+        "launcher": env.launcher,
+        "rank": env.rank,
+        "world_size": env.world_size,
+        "local_rank": env.local_rank,
+        "local_world_size": env.local_world_size,
+        "master_addr": env.master_addr,
+        "master_port": env.master_port,
+        "horovod_controller": _horovod_controller(env.launcher),
+        "error": None,
+    }
 
 
 def _horovod_controller(launcher: str) -> str:
@@ -158,8 +200,10 @@ def _horovod_controller(launcher: str) -> str:
 def _backends() -> dict[str, Any]:
     from ..core.registry import available_backends, spec
 
-    return {name: {"available": reason is None, "reason": reason, "description": spec(name).description}
-            for name, reason in available_backends().items()}
+    return {
+        name: {"available": reason is None, "reason": reason, "description": spec(name).description}
+        for name, reason in available_backends().items()
+    }
 
 
 # ---------------------------------------------------------------- helpers
@@ -207,14 +251,14 @@ def _boxes(flags: dict, labels: dict) -> str:
 def render(report: dict[str, Any]) -> str:
     """The report as aligned text, one section per component."""
     pf, t, mpi, hvd, proc = (report[k] for k in ("paraflow", "torch", "mpi", "horovod", "process"))
-    lines = [f"paraflow {pf['version']}   Python {pf['python']}   {pf['platform']}   "
-             f"{pf['cpu_cores']} CPU cores", ""]
+    lines = [f"paraflow {pf['version']}   Python {pf['python']}   {pf['platform']}   {pf['cpu_cores']} CPU cores", ""]
 
     lines.append(f"torch        {t['version']} ({t['build']} build)")
     if t["cuda_devices"]:
         for d in t["cuda_devices"]:
-            lines.append(f"  GPU {d['index']}        {d['name']}, {d['memory_gb']} GB, "
-                         f"compute capability {d['capability']}")
+            lines.append(
+                f"  GPU {d['index']}        {d['name']}, {d['memory_gb']} GB, compute capability {d['capability']}"
+            )
     else:
         lines.append("  GPUs       none visible" + (" (CPU build of torch)" if t["build"] == "CPU" else ""))
     if t["distributed"]:
@@ -225,11 +269,14 @@ def render(report: dict[str, Any]) -> str:
     lines.append("")
 
     lines.append("MPI")
-    lines.append(f"  mpirun     {mpi['mpirun'] or 'not found (apt-get install openmpi-bin libopenmpi-dev)'}"
-                 + (f"   {mpi['mpirun_version']}" if mpi["mpirun_version"] else ""))
+    lines.append(
+        f"  mpirun     {mpi['mpirun'] or 'not found (apt-get install openmpi-bin libopenmpi-dev)'}"
+        + (f"   {mpi['mpirun_version']}" if mpi["mpirun_version"] else "")
+    )
     if mpi["mpi4py"]:
-        lines.append(f"  mpi4py     {mpi['mpi4py']}, MPI {mpi['mpi4py_mpi_standard']} standard, "
-                     f"library: {mpi['mpi4py_library']}")
+        lines.append(
+            f"  mpi4py     {mpi['mpi4py']}, MPI {mpi['mpi4py_mpi_standard']} standard, library: {mpi['mpi4py_library']}"
+        )
     else:
         lines.append(f"  mpi4py     {mpi['mpi4py_error']}")
     lines.append("")
@@ -239,16 +286,31 @@ def render(report: dict[str, Any]) -> str:
     else:
         built_for = hvd["built_for_torch"]
         mismatch = built_for and built_for != t["version"]
-        lines.append(f"horovod      {hvd['version']}, built for torch {built_for or '?'}"
-                     + ("  <-- this is torch " + t["version"] if mismatch else ""))
-        lines.append("  frameworks   " + _boxes(hvd["frameworks"], {"pytorch": "PyTorch",
-                                                                  "tensorflow": "TensorFlow",
-                                                                  "mxnet": "MXNet"}))
+        lines.append(
+            f"horovod      {hvd['version']}, built for torch {built_for or '?'}"
+            + ("  <-- this is torch " + t["version"] if mismatch else "")
+        )
+        lines.append(
+            "  frameworks   "
+            + _boxes(hvd["frameworks"], {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "mxnet": "MXNet"})
+        )
         if hvd["usable"]:
             lines.append("  controllers  " + _boxes(hvd["controllers"], {"mpi": "MPI", "gloo": "Gloo"}))
-            lines.append("  tensor ops   " + _boxes(hvd["tensor_operations"], {
-                "nccl": "NCCL", "ddl": "DDL", "ccl": "CCL", "mpi": "MPI", "gloo": "Gloo",
-                "cuda": "CUDA", "rocm": "ROCm"}))
+            lines.append(
+                "  tensor ops   "
+                + _boxes(
+                    hvd["tensor_operations"],
+                    {
+                        "nccl": "NCCL",
+                        "ddl": "DDL",
+                        "ccl": "CCL",
+                        "mpi": "MPI",
+                        "gloo": "Gloo",
+                        "cuda": "CUDA",
+                        "rocm": "ROCm",
+                    },
+                )
+            )
         else:
             lines.append(f"  unusable: {hvd['reason']}")
     lines.append("")
@@ -257,13 +319,17 @@ def render(report: dict[str, Any]) -> str:
     if proc["error"]:
         lines.append(f"  launcher   cannot tell: {proc['error']}")
     else:
-        lines.append(f"  launcher   {proc['launcher']}: rank {proc['rank']} of {proc['world_size']}, "
-                     f"local rank {proc['local_rank']} of {proc['local_world_size']}, on {proc['host']}")
+        lines.append(
+            f"  launcher   {proc['launcher']}: rank {proc['rank']} of {proc['world_size']}, "
+            f"local rank {proc['local_rank']} of {proc['local_world_size']}, on {proc['host']}"
+        )
         if proc["master_addr"]:
             lines.append(f"  rank 0 at  {proc['master_addr']}:{proc['master_port'] or '?'}")
         own = proc["launcher"] not in ("openmpi", "mpich", "mvapich2", "horovodrun")
-        lines.append(f"  horovod    would use its {proc['horovod_controller'].replace('mpi', 'MPI')} controller "
-                     "here" + (" (rank 0 starts horovod's rendezvous server)" if own else ""))
+        lines.append(
+            f"  horovod    would use its {proc['horovod_controller'].replace('mpi', 'MPI')} controller "
+            "here" + (" (rank 0 starts horovod's rendezvous server)" if own else "")
+        )
     lines.append("")
 
     lines.append("backends")
@@ -286,8 +352,10 @@ def main(as_json: bool = False) -> int:
     elif proc.get("rank", 0) == 0:
         text = render(report)
     else:
-        text = (f"rank {proc['rank']} of {proc['world_size']} (local {proc['local_rank']} of "
-                f"{proc['local_world_size']}) on {proc['host']}, launcher {proc['launcher']}")
+        text = (
+            f"rank {proc['rank']} of {proc['world_size']} (local {proc['local_rank']} of "
+            f"{proc['local_world_size']}) on {proc['host']}, launcher {proc['launcher']}"
+        )
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
     return 0

@@ -8,6 +8,7 @@ import sys
 
 def _backends(args: argparse.Namespace) -> int:
     from ..core.registry import available_backends
+
     for name, reason in available_backends().items():
         print(f"{name:10s} {'available' if reason is None else 'unavailable: ' + reason}")
     return 0
@@ -15,16 +16,19 @@ def _backends(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from ..bench.driver.cli import run_from_args
+
     return run_from_args(args)
 
 
 def _check(args: argparse.Namespace) -> int:
     from .check import main as check_main
+
     return check_main(as_json=args.json)
 
 
 def _build_horovod(args: argparse.Namespace) -> int:
     from ..backends.horovod.build import build_and_install
+
     return build_and_install(args.python, args.force)
 
 
@@ -32,16 +36,22 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="paraflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("backends", help="list registered backends and whether each can run here").set_defaults(
-        func=_backends)
-    check = sub.add_parser("check", aliases=["env"], help="what this machine can run: torch, GPUs, MPI, "
-                           "horovod, this process's launcher and rank, every backend")
+        func=_backends
+    )
+    check = sub.add_parser(
+        "check",
+        aliases=["env"],
+        help="what this machine can run: torch, GPUs, MPI, horovod, this process's launcher and rank, every backend",
+    )
     check.add_argument("--json", action="store_true", help="print one line of JSON per process")
     check.set_defaults(func=_check)
     from ..backends.horovod.build import add_arguments as add_build_arguments
-    add_build_arguments(sub.add_parser(
-        "build-horovod", help="build horovod against this torch (MPI and gloo), cached, and install it"
-    )).set_defaults(func=_build_horovod)
+
+    add_build_arguments(
+        sub.add_parser("build-horovod", help="build horovod against this torch (MPI and gloo), cached, and install it")
+    ).set_defaults(func=_build_horovod)
     from ..bench.driver.cli import add_arguments as add_bench_arguments
+
     bench = sub.add_parser("bench", help="benchmark every backend available here: tables, CSV, JSON, plots")
     add_bench_arguments(bench).set_defaults(func=_bench)
     args = parser.parse_args(argv)

@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional
 
 from ..environment.launchers import free_port
 from ..errors import ConfigurationError, MissingDependencyError
@@ -36,8 +37,14 @@ def _tool(name: str, install_hint: str) -> str:
 
 def mpirun_prefix(nproc: int, env_keys: Sequence[str] = ()) -> list[str]:
     """`mpirun -np N` with the flags a one-host run needs (root, more ranks than cores, no binding)."""
-    cmd = [_tool("mpirun", "install Open MPI: `apt-get install openmpi-bin libopenmpi-dev`"),
-           "-np", str(nproc), "--bind-to", "none", "--oversubscribe"]
+    cmd = [
+        _tool("mpirun", "install Open MPI: `apt-get install openmpi-bin libopenmpi-dev`"),
+        "-np",
+        str(nproc),
+        "--bind-to",
+        "none",
+        "--oversubscribe",
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     for key in env_keys:
@@ -45,8 +52,9 @@ def mpirun_prefix(nproc: int, env_keys: Sequence[str] = ()) -> list[str]:
     return cmd
 
 
-def launch_command(launcher: str, nproc: int, script: Sequence[str],
-                   port: Optional[int] = None, env_keys: Sequence[str] = ()) -> list[str]:
+def launch_command(
+    launcher: str, nproc: int, script: Sequence[str], port: Optional[int] = None, env_keys: Sequence[str] = ()
+) -> list[str]:
     """The command that starts `script` (a Python file and its arguments) as `nproc` processes.
 
     Args:
@@ -62,8 +70,20 @@ def launch_command(launcher: str, nproc: int, script: Sequence[str],
             raise ConfigurationError("the python launcher starts exactly one process.")
         return [python, *script]
     if launcher == "torchrun":
-        return [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-                "--master_addr", "127.0.0.1", "--master_port", str(port or free_port()), *script]
+        return [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(port or free_port()),
+            *script,
+        ]
     if launcher == "mpirun":
         return [*mpirun_prefix(nproc, env_keys), python, *script]
     if launcher == "horovodrun":
@@ -96,16 +116,24 @@ class LaunchResult:
         return self.returncode == 0 and not self.timed_out
 
 
-def run_launch(command: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None,
-               cwd: Optional[str] = None) -> LaunchResult:
+def run_launch(
+    command: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None
+) -> LaunchResult:
     """Run `command` in its own process group; on timeout kill it and every process it started.
 
     `env` is added to this process's environment; a key whose value is None is removed.
     """
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     start = time.monotonic()
-    proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env, cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        start_new_session=True,
+    )
     timed_out = False
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -20,7 +20,8 @@ import os
 import random
 import shutil
 import tempfile
-from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, MutableMapping, Optional
+from collections.abc import Mapping, MutableMapping
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -31,8 +32,14 @@ from .object_collectives import allgather_objects
 if TYPE_CHECKING:
     from ..core.backend import Backend
 
-__all__ = ["save_checkpoint", "load_checkpoint", "atomic_write", "capture_rng_state", "restore_rng_state",
-           "FORMAT_VERSION"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "atomic_write",
+    "capture_rng_state",
+    "restore_rng_state",
+    "FORMAT_VERSION",
+]
 
 FORMAT_VERSION = 1
 
@@ -128,7 +135,7 @@ def _serialize(payload: Any, f: IO[bytes]) -> None:
 
 
 # ------------------------------------------------------------------------- save / load
-def _saveable(backend: "Backend", value: Any) -> Any:
+def _saveable(backend: Backend, value: Any) -> Any:
     if isinstance(value, nn.Module):
         return backend.unwrap(value).state_dict()
     if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
@@ -136,13 +143,13 @@ def _saveable(backend: "Backend", value: Any) -> Any:
     return value
 
 
-def _agree(backend: "Backend", ok: bool) -> list[int]:
+def _agree(backend: Backend, ok: bool) -> list[int]:
     """Ranks (all of them see the same list) where `ok` is False; also a barrier."""
     flags = backend.allgather(torch.tensor([int(ok)], dtype=torch.int64))
     return [r for r, f in enumerate(flags) if not int(f.item())]
 
 
-def save_checkpoint(backend: "Backend", path: str, state: Mapping[str, Any]) -> None:
+def save_checkpoint(backend: Backend, path: str, state: Mapping[str, Any]) -> None:
     """Write `state` to `path` from rank 0, atomically; a collective call on every rank.
 
     Args:
@@ -175,8 +182,9 @@ def save_checkpoint(backend: "Backend", path: str, state: Mapping[str, Any]) -> 
         ) from error
 
 
-def load_checkpoint(backend: "Backend", path: str, state: Optional[MutableMapping[str, Any]] = None,
-                    restore_rng: bool = True) -> dict:
+def load_checkpoint(
+    backend: Backend, path: str, state: Optional[MutableMapping[str, Any]] = None, restore_rng: bool = True
+) -> dict:
     """Read `path` on every rank after a barrier and restore `state` from it; a collective call.
 
     Args:
@@ -207,8 +215,9 @@ def load_checkpoint(backend: "Backend", path: str, state: Optional[MutableMappin
         error = exc
     failed = _agree(backend, error is None)
     if failed:
-        raise CheckpointError(f"could not read checkpoint {path} on rank(s) {failed}"
-                              f"{': ' + str(error) if error is not None else ''}") from error
+        raise CheckpointError(
+            f"could not read checkpoint {path} on rank(s) {failed}{': ' + str(error) if error is not None else ''}"
+        ) from error
     saved = checkpoint["state"]
     rest = dict(saved)
     for key, target in (state or {}).items():
@@ -220,7 +229,8 @@ def load_checkpoint(backend: "Backend", path: str, state: Optional[MutableMappin
                 module.load_state_dict(saved[key])
             except (RuntimeError, KeyError, ValueError) as exc:
                 raise ConfigurationError(
-                    f"checkpoint entry {key!r} does not fit this {type(target).__name__}: {exc}") from exc
+                    f"checkpoint entry {key!r} does not fit this {type(target).__name__}: {exc}"
+                ) from exc
             del rest[key]
         else:
             state[key] = saved[key]

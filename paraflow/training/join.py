@@ -12,7 +12,8 @@ context with the same state.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["ddp_join", "horovod_join", "copy_state_from"]
 
 
-def copy_state_from(backend: "Backend", objects: Sequence[Any], src: int) -> None:
+def copy_state_from(backend: Backend, objects: Sequence[Any], src: int) -> None:
     """Load rank `src`'s ``state_dict()`` of each object into the same object on every rank."""
     for obj in objects:
         state = broadcast_object(backend, obj.state_dict() if backend.rank == src else None, src=src)
@@ -38,7 +39,7 @@ def _last_joiner_tracker(model: nn.Module):
     from torch.distributed.algorithms.join import Joinable, JoinHook
 
     class _Hook(JoinHook):
-        def __init__(self, owner: "_Tracker") -> None:
+        def __init__(self, owner: _Tracker) -> None:
             self.owner = owner
 
         def post_hook(self, is_last_joiner: bool) -> None:
@@ -64,7 +65,7 @@ def _last_joiner_tracker(model: nn.Module):
 
 
 @contextlib.contextmanager
-def ddp_join(backend: "Backend", model: nn.Module, stateful: Sequence[Any], enable: bool = True) -> Iterator[None]:
+def ddp_join(backend: Backend, model: nn.Module, stateful: Sequence[Any], enable: bool = True) -> Iterator[None]:
     """torch's Join over a DDP model; then copy `stateful` objects from the last rank to finish."""
     from torch.distributed.algorithms.join import Join, Joinable
 
@@ -81,12 +82,13 @@ def ddp_join(backend: "Backend", model: nn.Module, stateful: Sequence[Any], enab
 
 
 @contextlib.contextmanager
-def horovod_join(backend: "Backend", model: nn.Module, stateful: Sequence[Any], enable: bool = True) -> Iterator[None]:
+def horovod_join(backend: Backend, model: nn.Module, stateful: Sequence[Any], enable: bool = True) -> Iterator[None]:
     """``hvd.join()`` on leaving; then copy the model and `stateful` from the last rank to finish."""
     yield
     if not enable:
         return
     import horovod.torch as hvd
+
     last = hvd.join(backend.device.index if backend.device.type == "cuda" else -1)
     hvd.broadcast_parameters(backend.unwrap(model).state_dict(), root_rank=last)
     copy_state_from(backend, stateful, src=last)

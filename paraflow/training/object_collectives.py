@@ -23,7 +23,7 @@ def _from_bytes(payload: torch.Tensor) -> Any:
     return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location="cpu", weights_only=False)
 
 
-def broadcast_object(backend: "Backend", obj: Any, src: int = 0) -> Any:
+def broadcast_object(backend: Backend, obj: Any, src: int = 0) -> Any:
     """Rank `src`'s `obj` on every rank (tensors inside arrive on the CPU); a collective call."""
     if backend.world_size == 1:
         return obj
@@ -35,7 +35,7 @@ def broadcast_object(backend: "Backend", obj: Any, src: int = 0) -> Any:
     return obj if backend.rank == src else _from_bytes(received)
 
 
-def allgather_objects(backend: "Backend", obj: Any) -> list:
+def allgather_objects(backend: Backend, obj: Any) -> list:
     """Every rank's `obj`, indexed by rank; a collective call."""
     if backend.world_size == 1:
         return [obj]
@@ -43,6 +43,6 @@ def allgather_objects(backend: "Backend", obj: Any) -> list:
     sizes = backend.allgather(torch.tensor([payload.numel()], dtype=torch.int64))
     longest = max(int(s.item()) for s in sizes)
     padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[:payload.numel()] = payload
+    padded[: payload.numel()] = payload
     gathered = backend.allgather(padded)
-    return [_from_bytes(t[:int(s.item())]) for t, s in zip(gathered, sizes)]
+    return [_from_bytes(t[: int(s.item())]) for t, s in zip(gathered, sizes)]

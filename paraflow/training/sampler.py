@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sized, Union
+from collections.abc import Iterator, Sized
+from typing import Any, Union
 
 import torch
 from torch.utils.data import Sampler
@@ -33,8 +34,15 @@ class ShardSampler(Sampler[int]):
             (with shuffling, a different few are left out each epoch).
     """
 
-    def __init__(self, dataset: Union[Sized, int], num_replicas: int, rank: int, shuffle: bool = True,
-                 seed: int = 0, drop_last: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: Union[Sized, int],
+        num_replicas: int,
+        rank: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
         size = dataset if isinstance(dataset, int) else len(dataset)
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ConfigurationError(f"rank {rank} is not in 0..{num_replicas - 1} (num_replicas={num_replicas}).")
@@ -76,8 +84,8 @@ class ShardSampler(Sampler[int]):
             order = torch.randperm(self.dataset_length, generator=g)
         else:
             order = torch.arange(self.dataset_length)
-        order = order[:self._used_length()]
-        return order[self.rank::self.num_replicas][self.start:].tolist()
+        order = order[: self._used_length()]
+        return order[self.rank :: self.num_replicas][self.start :].tolist()
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices())
@@ -87,8 +95,13 @@ class ShardSampler(Sampler[int]):
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the settings a resumed run must share."""
-        return {"epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle,
-                "drop_last": self.drop_last, "dataset_length": self.dataset_length}
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "dataset_length": self.dataset_length,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the saved epoch; refuse a checkpoint drawn from different settings."""

@@ -49,8 +49,15 @@ class RankResult:
     stderr: str
 
 
-def start_by_hand(script: str, ranks: list[int], world_size: int, *args, port: int | None = None,
-                  timeout: float = 90, env: dict | None = None) -> list[RankResult]:
+def start_by_hand(
+    script: str,
+    ranks: list[int],
+    world_size: int,
+    *args,
+    port: int | None = None,
+    timeout: float = 90,
+    env: dict | None = None,
+) -> list[RankResult]:
     """Start the given ranks as plain processes with torchrun's variables set by hand.
 
     Every process runs in its own session and is killed with its whole group when it ends or
@@ -59,12 +66,28 @@ def start_by_hand(script: str, ranks: list[int], world_size: int, *args, port: i
     port = port or free_port()
     procs = []
     for rank in ranks:
-        variables = {**os.environ, **RANK_ENV, **fault_env(**(env or {})),
-                     "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                     "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, str(FAULT_WORKERS / script), *map(str, args)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env=variables, cwd=str(ROOT), start_new_session=True))
+        variables = {
+            **os.environ,
+            **RANK_ENV,
+            **fault_env(**(env or {})),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(FAULT_WORKERS / script), *map(str, args)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=variables,
+                cwd=str(ROOT),
+                start_new_session=True,
+            )
+        )
     deadline = time.monotonic() + timeout
     results = []
     try:

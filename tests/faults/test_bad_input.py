@@ -8,9 +8,9 @@ taken, and a model with parameters that get no gradient. Real processes, 2 ranks
 import socket
 
 import pytest
-
 from conftest import requires_horovod
 from faultkit import TIMEOUT_S, events, run_worker, start_by_hand
+
 from paraflow.environment.launchers import free_port
 
 BACKENDS = [
@@ -32,7 +32,11 @@ MISMATCHES = {
     "allgather-shape": ("shape differs", "allgather(float32[3])", "allgather(float32[4])"),
     "allgather-ndim": ("shape differs", "allgather(float32[4])", "allgather(float32[2, 2])"),
     "allgather-dtype": ("dtype differs", "allgather(float32[4])", "allgather(float64[4])"),
-    "allreduce-vs-broadcast": ("different collectives", "allreduce(float32[4], op=sum)", "broadcast(float32[4], src=0)"),
+    "allreduce-vs-broadcast": (
+        "different collectives",
+        "allreduce(float32[4], op=sum)",
+        "broadcast(float32[4], src=0)",
+    ),
     "allreduce-vs-barrier": ("different collectives", "allreduce(float32[4], op=sum)", "barrier()"),
     "allgather-vs-broadcast": ("different collectives", "allgather(float32[4])", "broadcast(float32[4], src=0)"),
 }
@@ -57,12 +61,14 @@ def test_mismatched_collectives_fail_on_every_rank_naming_both_sides(backend, la
 
 @pytest.mark.timeout(240)
 def test_debug_mode_traces_every_collective_and_turns_on_torch_debug():
-    result = run_worker("torchrun", 2, "mismatch.py", "ddp-gloo", "allreduce-shape", timeout=180,
-                        env={"PARAFLOW_DEBUG": "1"})
+    result = run_worker(
+        "torchrun", 2, "mismatch.py", "ddp-gloo", "allreduce-shape", timeout=180, env={"PARAFLOW_DEBUG": "1"}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for rank, shape in ((0, 3), (1, 4)):
-        assert (f"[paraflow debug] rank {rank}: allreduce(float32[{shape}], op=sum) as collective #1 "
-                f"at mismatch.py:") in result.stderr, result.stderr[-3000:]
+        assert (
+            f"[paraflow debug] rank {rank}: allreduce(float32[{shape}], op=sum) as collective #1 at mismatch.py:"
+        ) in result.stderr, result.stderr[-3000:]
     finals = [e for e in events(result.stdout) if e["case"] == "final"]
     assert {e["torch_debug_level"] for e in finals} == {"DebugLevel.INFO"}
 
@@ -97,8 +103,14 @@ def _check_port_error(report, port):
 def test_taken_master_port_under_mpirun_is_named():
     holder, port = _hold_port()
     with holder:
-        result = run_worker("mpirun", 2, "startup.py", "ddp-gloo", timeout=120,
-                            env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        result = run_worker(
+            "mpirun",
+            2,
+            "startup.py",
+            "ddp-gloo",
+            timeout=120,
+            env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+        )
     assert result.returncode != 0
     [report] = [e for e in events(result.stdout) if e["outcome"] == "error" and "already in use" in e["message"]]
     _check_port_error(report, port)
@@ -130,10 +142,13 @@ def test_unused_parameters_under_ddp_say_how_to_fix_it():
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend, launcher, options", [
-    pytest.param("ddp-gloo", "torchrun", ["find_unused_parameters=1"], id="ddp-gloo-find-unused"),
-    pytest.param("horovod", "mpirun", [], id="horovod", marks=requires_horovod),
-])
+@pytest.mark.parametrize(
+    "backend, launcher, options",
+    [
+        pytest.param("ddp-gloo", "torchrun", ["find_unused_parameters=1"], id="ddp-gloo-find-unused"),
+        pytest.param("horovod", "mpirun", [], id="horovod", marks=requires_horovod),
+    ],
+)
 def test_unused_parameters_train_when_handled(backend, launcher, options):
     result = run_worker(launcher, 2, "unused.py", backend, *options, timeout=180)
     reports = events(result.stdout)

@@ -10,8 +10,11 @@ from leftovers import MARKER_ENV, kill_processes, leftover_processes
 
 def test_a_leaked_process_is_found_and_killed():
     marker = uuid.uuid4().hex
-    leaked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                              env={**os.environ, MARKER_ENV: marker}, start_new_session=True)
+    leaked = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, MARKER_ENV: marker},
+        start_new_session=True,
+    )
     try:
         found = leftover_processes(marker, grace_s=0)
         assert list(found) == [leaked.pid] and "time.sleep(60)" in found[leaked.pid]

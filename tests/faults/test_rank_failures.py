@@ -9,7 +9,6 @@ import re
 import time
 
 import pytest
-
 from conftest import requires_horovod
 from faultkit import STARTUP_S, TIMEOUT_S, events, run_worker
 
@@ -35,8 +34,17 @@ def dead_rank_named(launcher: str, output: str, rank: int) -> bool:
 
 
 def run_fault(backend, launcher, fault, rank=1, step=3):
-    result = run_worker(launcher, NPROC, "steps.py", backend, STEPS, fault, rank, step,
-                        timeout=STARTUP_S + EXIT_BOUND_S + TIMEOUT_S + 30)
+    result = run_worker(
+        launcher,
+        NPROC,
+        "steps.py",
+        backend,
+        STEPS,
+        fault,
+        rank,
+        step,
+        timeout=STARTUP_S + EXIT_BOUND_S + TIMEOUT_S + 30,
+    )
     ended = time.time()
     seen = events(result.stdout)
     faults = [e for e in seen if e.get("fault") == fault]

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-
 from conftest import RANK_ENV, ROOT, requires_horovod
 from faultkit import FAULT_WORKERS, STARTUP_S, events, fault_env, run_worker
+
 from paraflow.tools.launch import launch_command, run_launch
 
 STEPS, SAVE_EVERY, KILL_STEP = 9, 2, 5  # killed after step 5: the last checkpoint holds step 4
@@ -26,8 +26,7 @@ def test_killed_rank_restarts_resumes_from_the_checkpoint_and_ends_like_an_unint
     straight = torchrun_with_restarts(["ddp-gloo", tmp_path / "a.pt", tmp_path / "a.out", STEPS, SAVE_EVERY, 0], 0)
     assert [e["done"] for e in straight if "done" in e] == [STEPS, STEPS]
 
-    seen = torchrun_with_restarts(["ddp-gloo", tmp_path / "b.pt", tmp_path / "b.out", STEPS, SAVE_EVERY,
-                                   KILL_STEP], 1)
+    seen = torchrun_with_restarts(["ddp-gloo", tmp_path / "b.pt", tmp_path / "b.out", STEPS, SAVE_EVERY, KILL_STEP], 1)
     assert [e["killed_at"] for e in seen if "killed_at" in e] == [KILL_STEP]
     restarted = [e for e in seen if e.get("attempt") == 1 and "resumed_from" in e]
     assert sorted(e["rank"] for e in restarted) == [0, 1], seen

@@ -3,20 +3,26 @@
 import pytest
 import torch
 
-from paraflow.reliability.collective_check import DESCRIPTOR_WORDS, _Descriptor, _encode, _mismatch, describe
 from paraflow.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError, LauncherError
-from paraflow.reliability.failures import (call_with_deadline, startup_errors, translate_collective_error,
-                               unused_parameters_error)
+from paraflow.reliability.collective_check import DESCRIPTOR_WORDS, _Descriptor, _encode, _mismatch, describe
+from paraflow.reliability.failures import (
+    call_with_deadline,
+    startup_errors,
+    translate_collective_error,
+    unused_parameters_error,
+)
 
-GLOO_TIMEOUT = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv "
-                            "operation to complete")
+GLOO_TIMEOUT = RuntimeError(
+    "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete"
+)
 GLOO_CLOSED = RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:5123.")
 HOROVOD_DOWN = RuntimeError("Horovod has been shut down. This was caused by an exception on one of the ranks")
 
 
 def translate(exc, rank=0, world_size=2):
-    return translate_collective_error(exc, collective="allreduce", rank=rank, world_size=world_size,
-                                      backend="ddp-gloo", timeout=10)
+    return translate_collective_error(
+        exc, collective="allreduce", rank=rank, world_size=world_size, backend="ddp-gloo", timeout=10
+    )
 
 
 def test_timeout_becomes_collective_timeout_naming_collective_rank_and_peer():
@@ -38,15 +44,18 @@ def test_peer_is_not_guessed_with_more_than_two_ranks():
     assert "another rank" in str(translate(GLOO_TIMEOUT, world_size=3))
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("CUDA out of memory"), ValueError("timed out"),
-                                 CollectiveError("already ours, timed out")])
+@pytest.mark.parametrize(
+    "exc", [RuntimeError("CUDA out of memory"), ValueError("timed out"), CollectiveError("already ours, timed out")]
+)
 def test_other_errors_are_left_alone(exc):
     assert translate(exc) is None
 
 
 def test_taken_port_names_address_and_port():
-    raw = RuntimeError("The server socket has failed to listen on any local network address. port: 29500, "
-                       "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    raw = RuntimeError(
+        "The server socket has failed to listen on any local network address. port: 29500, "
+        "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+    )
     with pytest.raises(LauncherError, match=r"127\.0\.0\.1:29500.*already in use") as info:
         with startup_errors(rank=0, world_size=2, address="127.0.0.1", port=29500, timeout=10, launcher="openmpi"):
             raise raw
@@ -65,6 +74,7 @@ def test_call_with_deadline_returns_raises_or_gives_up():
     with pytest.raises(KeyError):
         call_with_deadline(lambda: {}["x"], 5, "looking up")
     import threading
+
     never = threading.Event()
     with pytest.raises(RuntimeError, match="waiting timed out after 0.2 s"):
         call_with_deadline(never.wait, 0.2, "waiting")
@@ -73,8 +83,10 @@ def test_call_with_deadline_returns_raises_or_gives_up():
 
 def test_unused_parameters_are_named_from_torch_indices():
     module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
-    raw = RuntimeError("... pass the keyword argument `find_unused_parameters=True` to DDP ...\n"
-                       "Parameter indices which did not receive grad for rank 1: 2 3\n In addition, ...")
+    raw = RuntimeError(
+        "... pass the keyword argument `find_unused_parameters=True` to DDP ...\n"
+        "Parameter indices which did not receive grad for rank 1: 2 3\n In addition, ..."
+    )
     err = unused_parameters_error(raw, module, 1, "paraflow.init('ddp', find_unused_parameters=True)")
     assert isinstance(err, ConfigurationError)
     assert "1.weight, 1.bias" in str(err) and "find_unused_parameters=True" in str(err) and "Horovod" in str(err)
@@ -95,14 +107,17 @@ def test_descriptor_round_trip():
     assert str(_descriptor("broadcast", argument=1)) == "broadcast(float32[3], src=1) as collective #1 at train.py:10"
 
 
-@pytest.mark.parametrize("other, problem", [
-    (dict(tensor=torch.ones(4)), "shape differs"),
-    (dict(tensor=torch.ones(3, 1)), "shape differs"),
-    (dict(tensor=torch.ones(3, dtype=torch.int32)), "dtype differs"),
-    (dict(collective="broadcast"), "different collectives"),
-    (dict(sequence=2), "different numbers of paraflow collectives"),
-    (dict(argument=1), "different arguments"),
-])
+@pytest.mark.parametrize(
+    "other, problem",
+    [
+        (dict(tensor=torch.ones(4)), "shape differs"),
+        (dict(tensor=torch.ones(3, 1)), "shape differs"),
+        (dict(tensor=torch.ones(3, dtype=torch.int32)), "dtype differs"),
+        (dict(collective="broadcast"), "different collectives"),
+        (dict(sequence=2), "different numbers of paraflow collectives"),
+        (dict(argument=1), "different arguments"),
+    ],
+)
 def test_every_kind_of_mismatch_is_found(other, problem):
     mine, theirs = _descriptor(), _descriptor(**other)
     assert problem in _mismatch([mine, theirs])
@@ -121,8 +136,9 @@ def test_describe_groups_ranks_with_the_same_call():
 
 
 def test_horovod_shut_down_after_the_whole_timeout_counts_as_a_timeout():
-    err = translate_collective_error(HOROVOD_DOWN, collective="allreduce", rank=0, world_size=2,
-                                     backend="horovod", timeout=10, waited=10.5)
+    err = translate_collective_error(
+        HOROVOD_DOWN, collective="allreduce", rank=0, world_size=2, backend="horovod", timeout=10, waited=10.5
+    )
     assert isinstance(err, CollectiveTimeoutError) and err.original is HOROVOD_DOWN
 
 
@@ -130,6 +146,7 @@ def test_an_inner_translation_is_renamed_after_the_users_collective():
     from types import SimpleNamespace
 
     from paraflow.reliability.failures import collective_errors
+
     backend = SimpleNamespace(rank=1, world_size=2, name="horovod", timeout=10)
     inner = translate(GLOO_TIMEOUT)  # what a backend's own step raised, named after that step
     with pytest.raises(CollectiveTimeoutError, match=r"^broadcast on rank 1 of 2") as info:
@@ -140,6 +157,7 @@ def test_an_inner_translation_is_renamed_after_the_users_collective():
 
 def test_wait_until_returns_when_done_and_fails_after_the_deadline():
     from paraflow.reliability.failures import wait_until
+
     calls = iter([False, False, True])
     wait_until(lambda: next(calls), 5, "polling")
     with pytest.raises(RuntimeError, match="polling timed out after 0.05 s"):

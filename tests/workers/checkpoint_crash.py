@@ -22,11 +22,13 @@ def main(mode: str, path: str) -> None:
         backend.save(path, {"version": 1, "weights": torch.ones(256)})
         big = {"version": 2, "weights": torch.full((1 << 20,), 2.0)}  # 4 MiB
         if mode == "kill":
+
             def half_then_die(payload, f):
                 paraflow.training.checkpoint.torch.save(payload, f)
                 f.truncate(f.tell() // 2)
                 f.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
+
             paraflow.training.checkpoint._serialize = half_then_die
         else:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed

@@ -35,11 +35,11 @@ def main(name: str, out: str, accumulation: int = 1, mode: str = "no_sync", extr
         for _ in range(STEPS):
             x = torch.randn(GLOBAL_BATCH, 1, 8, 8, generator=g)
             y = torch.randint(0, 10, (GLOBAL_BATCH,), generator=g)
-            x, y = x[r * share:(r + 1) * share], y[r * share:(r + 1) * share]
+            x, y = x[r * share : (r + 1) * share], y[r * share : (r + 1) * share]
             optimizer.zero_grad()
             micro = share // accumulation
             for k in range(accumulation):
-                xs, ys = x[k * micro:(k + 1) * micro], y[k * micro:(k + 1) * micro]
+                xs, ys = x[k * micro : (k + 1) * micro], y[k * micro : (k + 1) * micro]
                 last = k == accumulation - 1 or mode == "option"
                 if mode == "accumulate":
                     sent_before = messages[0]
@@ -47,9 +47,11 @@ def main(name: str, out: str, accumulation: int = 1, mode: str = "no_sync", extr
                         (F.cross_entropy(model(xs), ys) / accumulation).backward()
                     assert sync == (k == accumulation - 1), f"accumulate() said sync={sync} at micro-batch {k}"
                     sent = messages[0] - sent_before
-                    assert (sent > 0) == (sync and n > 1), f"micro-batch {k} (sync={sync}) sent {sent} gradient messages"
+                    assert (sent > 0) == (sync and n > 1), (
+                        f"micro-batch {k} (sync={sync}) sent {sent} gradient messages"
+                    )
                     continue
-                with (backend.no_sync(model) if not last else _nothing()):
+                with backend.no_sync(model) if not last else _nothing():
                     loss = F.cross_entropy(model(xs), ys) / accumulation
                     loss.backward()
             optimizer.step()
@@ -66,15 +68,18 @@ def _count_gradient_messages(model, optimizer) -> list:
         def counting(p):
             counter[0] += 1
             return start(p)
+
         optimizer._allreduce_grad_async = counting
     elif hasattr(model, "register_comm_hook"):  # DDP: its plain averaging allreduce, counted
         import torch.distributed as dist
+
         from paraflow.backends.ddp.comm_hooks import tracked_then
 
         def hook(state, bucket):
             counter[0] += 1
             buffer = bucket.buffer().div_(dist.get_world_size())
             return tracked_then(dist.all_reduce(buffer, async_op=True).get_future(), lambda fut: fut.value()[0])
+
         model.register_comm_hook(None, hook)
     return counter
 
@@ -88,5 +93,10 @@ class _nothing:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1,
-         sys.argv[4] if len(sys.argv) > 4 else "no_sync", sys.argv[5] if len(sys.argv) > 5 else "")
+    main(
+        sys.argv[1],
+        sys.argv[2],
+        int(sys.argv[3]) if len(sys.argv) > 3 else 1,
+        sys.argv[4] if len(sys.argv) > 4 else "no_sync",
+        sys.argv[5] if len(sys.argv) > 5 else "",
+    )

@@ -25,6 +25,7 @@ def main(kind: str, port: int) -> None:
     model = DistributedDataParallel(torch.nn.Linear(4, 2))
     if kind == "paraflow":
         from paraflow.backends.ddp.comm_hooks import compress_hook
+
         base = compress_hook(torch.bfloat16)
     else:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook

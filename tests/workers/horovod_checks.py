@@ -24,8 +24,7 @@ from paraflow.errors import CollectiveError, ConfigurationError
 
 
 def flat(module_or_tensors) -> torch.Tensor:
-    tensors = module_or_tensors.state_dict().values() if isinstance(module_or_tensors, nn.Module) \
-        else module_or_tensors
+    tensors = module_or_tensors.state_dict().values() if isinstance(module_or_tensors, nn.Module) else module_or_tensors
     return torch.cat([t.detach().double().reshape(-1) for t in tensors])
 
 
@@ -61,10 +60,11 @@ def broadcasts(backend) -> dict:
     model[1].num_batches_tracked.fill_(7 + r)
     before = flat(model)
     model = backend.wrap_model(model)
-    result = {"model_same": same_everywhere(backend, flat(model)),
-              "rank0_model_kept": torch.equal(flat(model), before) if r == 0 else None,
-              "buffers_from_rank0": model[1].running_mean.tolist() == [0.0] * 4
-              and int(model[1].num_batches_tracked) == 7}
+    result = {
+        "model_same": same_everywhere(backend, flat(model)),
+        "rank0_model_kept": torch.equal(flat(model), before) if r == 0 else None,
+        "buffers_from_rank0": model[1].running_mean.tolist() == [0.0] * 4 and int(model[1].num_batches_tracked) == 7,
+    }
 
     # An optimizer with state on rank 0 only and a different learning rate on every rank.
     sgd = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9, weight_decay=0.01)
@@ -73,15 +73,17 @@ def broadcasts(backend) -> dict:
             sgd.state[p]["momentum_buffer"] = torch.full_like(p, 0.5)
     sgd = backend.wrap_optimizer(sgd, model)
     buffers = [sgd.state[p]["momentum_buffer"] for p in model.parameters()]
-    result.update(lr=sgd.param_groups[0]["lr"], momentum_same=same_everywhere(backend, flat(buffers)),
-                  momentum_from_rank0=all(torch.equal(b, torch.full_like(b, 0.5)) for b in buffers),
-                  model_same_after_optimizer=same_everywhere(backend, flat(model)))
+    result.update(
+        lr=sgd.param_groups[0]["lr"],
+        momentum_same=same_everywhere(backend, flat(buffers)),
+        momentum_from_rank0=all(torch.equal(b, torch.full_like(b, 0.5)) for b in buffers),
+        model_same_after_optimizer=same_everywhere(backend, flat(model)),
+    )
 
     # A fresh optimizer: nothing to broadcast but hyperparameters; no zero-gradient step taken.
     adam_model = backend.wrap_model(nn.Linear(3, 2))
     weights = flat(adam_model)
-    adam = backend.wrap_optimizer(torch.optim.Adam(adam_model.parameters(), lr=0.01, weight_decay=0.1),
-                                  adam_model)
+    adam = backend.wrap_optimizer(torch.optim.Adam(adam_model.parameters(), lr=0.01, weight_decay=0.1), adam_model)
     result.update(adam_state_empty=len(adam.state) == 0, adam_model_unchanged=torch.equal(flat(adam_model), weights))
     try:
         backend.wrap_optimizer(torch.optim.SGD(adam_model.parameters(), lr=0.1))
@@ -106,10 +108,16 @@ def gradient(backend) -> list:
 
 def main(out: Path, options: dict) -> None:
     with paraflow.init("horovod", **options) as backend:
-        result = {"rank": backend.rank, "world_size": backend.world_size, "launcher": backend.launcher,
-                  "controller": backend.controller, "transport": backend.transport,
-                  "mismatch": mismatches(backend), "broadcast": broadcasts(backend),
-                  "gradient": gradient(backend)}
+        result = {
+            "rank": backend.rank,
+            "world_size": backend.world_size,
+            "launcher": backend.launcher,
+            "controller": backend.controller,
+            "transport": backend.transport,
+            "mismatch": mismatches(backend),
+            "broadcast": broadcasts(backend),
+            "gradient": gradient(backend),
+        }
     (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
 
 

@@ -37,8 +37,9 @@ def main(name: str, outdir: str, skews: list) -> None:
                     F.cross_entropy(model(x), y).backward()
                     optimizer.step()
             params = torch.cat([p.detach().flatten() for p in backend.unwrap(model).parameters()])
-            momentum = torch.cat([optimizer.state[p]["momentum_buffer"].flatten()
-                                  for p in backend.unwrap(model).parameters()])
+            momentum = torch.cat(
+                [optimizer.state[p]["momentum_buffer"].flatten() for p in backend.unwrap(model).parameters()]
+            )
             result[str(skew)] = {"batches": batches, "params": params.tolist(), "momentum": momentum.tolist()}
             # Outside the join every rank is back in step: an ordinary collective must work.
             assert backend.allreduce(torch.ones(1), op="sum").item() == backend.world_size

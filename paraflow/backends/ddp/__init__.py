@@ -2,9 +2,18 @@
 
 from ...core.registry import register
 
-register("ddp", "paraflow.backends.ddp.backend:DDPBackend",
-         "DistributedDataParallel, NCCL when CUDA is available else gloo", process_group="auto")
-register("ddp-gloo", "paraflow.backends.ddp.backend:DDPBackend",
-         "DistributedDataParallel over gloo", process_group="gloo")
-register("ddp-nccl", "paraflow.backends.ddp.backend:DDPBackend",
-         "DistributedDataParallel over NCCL (CUDA)", process_group="nccl")
+register(
+    "ddp",
+    "paraflow.backends.ddp.backend:DDPBackend",
+    "DistributedDataParallel, NCCL when CUDA is available else gloo",
+    process_group="auto",
+)
+register(
+    "ddp-gloo", "paraflow.backends.ddp.backend:DDPBackend", "DistributedDataParallel over gloo", process_group="gloo"
+)
+register(
+    "ddp-nccl",
+    "paraflow.backends.ddp.backend:DDPBackend",
+    "DistributedDataParallel over NCCL (CUDA)",
+    process_group="nccl",
+)

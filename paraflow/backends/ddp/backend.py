@@ -10,20 +10,25 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ...core.backend import Backend
+from ...environment.rendezvous import resolve_master
+from ...errors import ConfigurationError
+from ...reliability.debug import debug_enabled, enable_torch_debug
+from ...reliability.failures import (
+    CheckedDistributedDataParallel,
+    call_with_deadline,
+    startup_errors,
+    store_for_this_attempt,
+)
 from .comm_hooks import release_continuations
 from .compression import register_ddp_compression
-from ...reliability.debug import debug_enabled, enable_torch_debug
-from ...errors import ConfigurationError
-from ...reliability.failures import (CheckedDistributedDataParallel, call_with_deadline, startup_errors,
-                        store_for_this_attempt)
-from ...environment.rendezvous import resolve_master
-from ...core.backend import Backend
 
 __all__ = ["DDPBackend", "DDP_OPTIONS"]
 
 #: DistributedDataParallel keyword arguments passed through under their torch names.
-DDP_OPTIONS = frozenset({"bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
-                         "find_unused_parameters", "broadcast_buffers"})
+DDP_OPTIONS = frozenset(
+    {"bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters", "broadcast_buffers"}
+)
 
 _TORCH_OPS = {"sum": "SUM", "mean": "SUM", "min": "MIN", "max": "MAX"}
 
@@ -48,10 +53,15 @@ class DDPBackend(Backend):
             raise ConfigurationError(f"process_group {process_group!r} is not 'auto', 'gloo' or 'nccl'.")
         self.process_group = process_group
         self.ddp_options = {k: v for k, v in self.options.items() if k in DDP_OPTIONS}
-        if self.compression == "bf16" and self.transport == "nccl" and not (
-                torch.cuda.is_bf16_supported() and torch.cuda.nccl.version() >= (2, 10)):
-            raise ConfigurationError("compression 'bf16' over NCCL needs a GPU with bfloat16 support and "
-                                     "NCCL >= 2.10; use compression='fp16'.")
+        if (
+            self.compression == "bf16"
+            and self.transport == "nccl"
+            and not (torch.cuda.is_bf16_supported() and torch.cuda.nccl.version() >= (2, 10))
+        ):
+            raise ConfigurationError(
+                "compression 'bf16' over NCCL needs a GPU with bfloat16 support and "
+                "NCCL >= 2.10; use compression='fp16'."
+            )
         self._owns_group = False
 
     @classmethod
@@ -61,8 +71,10 @@ class DDPBackend(Backend):
             return "this torch build has no torch.distributed"
         if process_group == "nccl":
             if not torch.cuda.is_available():
-                return (f"NCCL needs CUDA, but torch {torch.__version__} sees no GPU; "
-                        "use --backend ddp-gloo (or ddp, which picks gloo here)")
+                return (
+                    f"NCCL needs CUDA, but torch {torch.__version__} sees no GPU; "
+                    "use --backend ddp-gloo (or ddp, which picks gloo here)"
+                )
             if not dist.is_nccl_available():
                 return "this torch build has no NCCL; use --backend ddp-gloo"
         if process_group == "gloo" and not dist.is_gloo_available():
@@ -104,14 +116,27 @@ class DDPBackend(Backend):
         def start() -> None:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)  # the helper thread's own current device
-            store = (store_for_this_attempt(addr, port, env.world_size, self.timeout)
-                     if env.launcher == "torchrun" else None)  # torchrun restarts reuse its store
+            store = (
+                store_for_this_attempt(addr, port, env.world_size, self.timeout) if env.launcher == "torchrun" else None
+            )  # torchrun restarts reuse its store
             where = {"store": store} if store is not None else {"init_method": init_method}
-            dist.init_process_group(self.transport, rank=env.rank, world_size=env.world_size,
-                                    timeout=datetime.timedelta(seconds=self.timeout), **where, **kwargs)
+            dist.init_process_group(
+                self.transport,
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=datetime.timedelta(seconds=self.timeout),
+                **where,
+                **kwargs,
+            )
 
-        with startup_errors(rank=env.rank, world_size=env.world_size, address=addr, port=port,
-                            timeout=self.timeout, launcher=env.launcher):
+        with startup_errors(
+            rank=env.rank,
+            world_size=env.world_size,
+            address=addr,
+            port=port,
+            timeout=self.timeout,
+            launcher=env.launcher,
+        ):
             # A client whose rendezvous port is held by another program waits forever otherwise.
             call_with_deadline(start, self.timeout + 10, "joining the process group")
         self._owns_group = True
@@ -142,6 +167,7 @@ class DDPBackend(Backend):
         if not isinstance(model, DistributedDataParallel):
             raise ConfigurationError("join needs the model returned by wrap_model (a DDP module).")
         from ...training.join import ddp_join
+
         return ddp_join(self, model, stateful, enable)
 
     def _on_comm_device(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from ...reliability.failures import DeadlineExceeded, wait_until
 
 __all__ = ["compress_hook", "pending_continuations", "release_continuations", "tracked_then"]
 
-_live: "weakref.WeakSet[_Continuation]" = weakref.WeakSet()
+_live: weakref.WeakSet[_Continuation] = weakref.WeakSet()
 _atexit_registered = False
 
 
@@ -68,12 +68,14 @@ def release_continuations(timeout: float = 5.0) -> bool:
         return False
     return True
 
+
 def compress_hook(dtype: torch.dtype) -> Callable[[Any, dist.GradBucket], torch.futures.Future]:
     """torch's ``fp16_compress_hook`` / ``bf16_compress_hook`` for `dtype`, with a tracked continuation.
 
     The bucket is cast to `dtype` and divided by the world size (so the 16-bit sum cannot
     overflow), allreduced, and copied back into the bucket in its own dtype.
     """
+
     def hook(state, bucket):  # unannotated: DDP checks hook annotations
         group = state if state is not None else dist.group.WORLD
         buffer = bucket.buffer()
@@ -81,8 +83,8 @@ def compress_hook(dtype: torch.dtype) -> Callable[[Any, dist.GradBucket], torch.
 
         def decompress(fut):
             return buffer.copy_(fut.value()[0])
+
         return tracked_then(dist.all_reduce(compressed, group=group, async_op=True).get_future(), decompress)
 
     hook.__name__ = hook.__qualname__ = f"{str(dtype).replace('torch.', '')}_compress"
     return hook
-

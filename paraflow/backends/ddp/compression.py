@@ -24,6 +24,7 @@ from .comm_hooks import compress_hook
 
 __all__ = ["register_ddp_compression"]
 
+
 def register_ddp_compression(model: nn.Module, compression: str, transport: str) -> None:
     """Register an fp16/bf16 compression communication hook on a DistributedDataParallel model.
 

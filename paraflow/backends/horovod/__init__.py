@@ -2,5 +2,8 @@
 
 from ...core.registry import register
 
-register("horovod", "paraflow.backends.horovod.backend:HorovodBackend",
-         "Horovod DistributedOptimizer; MPI controller under mpirun, gloo otherwise")
+register(
+    "horovod",
+    "paraflow.backends.horovod.backend:HorovodBackend",
+    "Horovod DistributedOptimizer; MPI controller under mpirun, gloo otherwise",
+)

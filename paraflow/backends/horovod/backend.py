@@ -11,26 +11,34 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any, ContextManager, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, ContextManager, Optional
 
 import torch
 from torch import nn
 
+from ...core.backend import Backend
 from ...environment.launchers import ProcessEnvironment
+from ...environment.scoped_env import ScopedEnv
 from ...errors import CollectiveError, ConfigurationError, ParaflowError
 from ...reliability.failures import translate_collective_error, wait_until
 from .imports import horovod_missing_reason, import_horovod
-from ...environment.scoped_env import ScopedEnv
-from ...core.backend import Backend
-from .start import (check_horovod_world, choose_controller, note_mpi_shut_down, set_knobs,
-                            start_gloo, start_mpi)
+from .start import check_horovod_world, choose_controller, note_mpi_shut_down, set_knobs, start_gloo, start_mpi
 
 __all__ = ["HorovodBackend", "HOROVOD_OPTIONS", "COMPRESSIONS", "REDUCE_OPS", "CONTROLLERS"]
 
 #: Options this backend takes besides the common ones.
-HOROVOD_OPTIONS = frozenset({"compression", "accumulation_steps", "reduce_op",
-                             "gradient_predivide_factor", "fusion_threshold_mb", "cycle_time_ms",
-                             "controller"})
+HOROVOD_OPTIONS = frozenset(
+    {
+        "compression",
+        "accumulation_steps",
+        "reduce_op",
+        "gradient_predivide_factor",
+        "fusion_threshold_mb",
+        "cycle_time_ms",
+        "controller",
+    }
+)
 COMPRESSIONS = ("none", "fp16")
 REDUCE_OPS = ("average", "sum", "adasum")
 CONTROLLERS = ("auto", "mpi", "gloo")
@@ -62,23 +70,34 @@ class HorovodBackend(Backend):
     OPTIONS = HOROVOD_OPTIONS
     COMPRESSIONS = frozenset(COMPRESSIONS)
     COMPRESSION_LIMIT = "horovod's allreduce refuses bfloat16"
+    LAUNCHERS = ("mpirun", "horovodrun")
 
-    def __init__(self, name: str, *, compression: str = "none", accumulation_steps: int = 1,
-                 reduce_op: str = "average", gradient_predivide_factor: float = 1.0,
-                 fusion_threshold_mb: Optional[float] = None, cycle_time_ms: Optional[float] = None,
-                 controller: str = "auto", **options: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        compression: str = "none",
+        accumulation_steps: int = 1,
+        reduce_op: str = "average",
+        gradient_predivide_factor: float = 1.0,
+        fusion_threshold_mb: Optional[float] = None,
+        cycle_time_ms: Optional[float] = None,
+        controller: str = "auto",
+        **options: Any,
+    ) -> None:
         self._timeout_given = options.get("timeout") is not None or "PARAFLOW_TIMEOUT" in os.environ
         super().__init__(name, compression=compression, accumulation_steps=accumulation_steps, **options)
         self.reduce_op = _choice("reduce_op", reduce_op, REDUCE_OPS)
         self.requested_controller = _choice("controller", controller, CONTROLLERS)
-        self.gradient_predivide_factor = _positive("gradient_predivide_factor",
-                                                   gradient_predivide_factor)
+        self.gradient_predivide_factor = _positive("gradient_predivide_factor", gradient_predivide_factor)
         if self.gradient_predivide_factor != 1.0 and self.reduce_op != "average":
             raise ConfigurationError(
                 f"gradient_predivide_factor={gradient_predivide_factor} applies to "
-                f"reduce_op='average' only, not {self.reduce_op!r}.")
-        self.fusion_threshold_mb = (None if fusion_threshold_mb is None else
-                                    _positive("fusion_threshold_mb", fusion_threshold_mb, zero=True))
+                f"reduce_op='average' only, not {self.reduce_op!r}."
+            )
+        self.fusion_threshold_mb = (
+            None if fusion_threshold_mb is None else _positive("fusion_threshold_mb", fusion_threshold_mb, zero=True)
+        )
         self.cycle_time_ms = None if cycle_time_ms is None else _positive("cycle_time_ms", cycle_time_ms)
         self.controller: Optional[str] = None
         self._hvd = None
@@ -98,8 +117,7 @@ class HorovodBackend(Backend):
             return reason
         hvd = import_horovod()
         if not (hvd.mpi_built() or hvd.gloo_built()):
-            return ("horovod was built with neither MPI nor gloo; rebuild it with "
-                    "`paraflow build-horovod --force`")
+            return "horovod was built with neither MPI nor gloo; rebuild it with `paraflow build-horovod --force`"
         return None
 
     @property
@@ -112,7 +130,7 @@ class HorovodBackend(Backend):
         return os.environ.get("HOROVOD_CPU_OPERATIONS", self.controller).lower()
 
     # ---------------------------------------------------------------- lifecycle
-    def init(self, environment: Optional[ProcessEnvironment] = None) -> "HorovodBackend":
+    def init(self, environment: Optional[ProcessEnvironment] = None) -> HorovodBackend:
         """Start horovod (see :meth:`Backend.init`).
 
         Raises:
@@ -132,9 +150,13 @@ class HorovodBackend(Backend):
             return
         try:
             controller = choose_controller(hvd, self.env, self.requested_controller)
-            set_knobs(self._env_vars, fusion_threshold_mb=self.fusion_threshold_mb,
-                      cycle_time_ms=self.cycle_time_ms, timeout=self.timeout,
-                      timeout_given=self._timeout_given)
+            set_knobs(
+                self._env_vars,
+                fusion_threshold_mb=self.fusion_threshold_mb,
+                cycle_time_ms=self.cycle_time_ms,
+                timeout=self.timeout,
+                timeout_given=self._timeout_given,
+            )
             if controller == "mpi":
                 self._uses_mpi4py = start_mpi(hvd, self._env_vars)
             else:
@@ -180,7 +202,8 @@ class HorovodBackend(Backend):
         if self.reduce_op == "adasum" and self.controller != "mpi" and self.device.type != "cuda":
             raise ConfigurationError(
                 "reduce_op='adasum' on the CPU needs horovod's MPI controller; launch with "
-                f"`mpirun -np {self.world_size} python train.py --backend horovod`.")
+                f"`mpirun -np {self.world_size} python train.py --backend horovod`."
+            )
 
     # ---------------------------------------------------------------- training
     def wrap_model(self, model: nn.Module) -> nn.Module:
@@ -199,8 +222,9 @@ class HorovodBackend(Backend):
         """The model itself: horovod does not wrap it."""
         return model
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer,
-                       model: Optional[nn.Module] = None) -> torch.optim.Optimizer:
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None
+    ) -> torch.optim.Optimizer:
         """Horovod's DistributedOptimizer over `model`'s named parameters, with rank 0's state.
 
         Args:
@@ -214,19 +238,23 @@ class HorovodBackend(Backend):
         if model is None:
             raise ConfigurationError(
                 "horovod names each gradient after the model's parameters: pass the model, "
-                "`backend.wrap_optimizer(optimizer, model)`.")
+                "`backend.wrap_optimizer(optimizer, model)`."
+            )
         state = optimizer.state_dict()
         try:
             wrapped = hvd.DistributedOptimizer(
-                optimizer, named_parameters=model.named_parameters(),
+                optimizer,
+                named_parameters=model.named_parameters(),
                 compression=getattr(hvd.Compression, self.compression),
                 backward_passes_per_step=self.accumulation_steps,
                 op=getattr(hvd, _GRADIENT_OPS[self.reduce_op]),
-                gradient_predivide_factor=self.gradient_predivide_factor)
+                gradient_predivide_factor=self.gradient_predivide_factor,
+            )
         except ValueError as exc:
             raise ConfigurationError(
                 f"horovod cannot wrap this optimizer: {exc}. Build the optimizer over "
-                "model.parameters() of the model you pass.") from None
+                "model.parameters() of the model you pass."
+            ) from None
         wrapped.defaults = optimizer.defaults
         _accept_set_to_none(type(wrapped))
         if state["state"]:
@@ -244,8 +272,9 @@ class HorovodBackend(Backend):
         weight decay), so then only the hyperparameters are broadcast.
         """
         with self._collective("broadcast of the optimizer state"):
-            if hvd.broadcast_object(bool(optimizer.state_dict()["state"]), root_rank=0,
-                                    name="paraflow.optimizer.has_state"):
+            if hvd.broadcast_object(
+                bool(optimizer.state_dict()["state"]), root_rank=0, name="paraflow.optimizer.has_state"
+            ):
                 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
                 # Ranks with no state of their own took that zero-gradient step: undo it.
                 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -275,20 +304,25 @@ class HorovodBackend(Backend):
         """``hvd.join()`` on leaving; then the model and `stateful` come from the last rank to finish."""
         self._horovod()
         from ...training.join import horovod_join
+
         return horovod_join(self, model, stateful, enable)
 
     # ---------------------------------------------------------------- collectives
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         hvd = self._horovod()
         with self._collective(f"allreduce ({op}) of a {_describe(tensor)}"):
-            return self._wait(hvd.allreduce_async_(tensor.contiguous(), name=f"paraflow.allreduce.{op}",
-                                                   op=getattr(hvd, _COLLECTIVE_OPS[op])))
+            return self._wait(
+                hvd.allreduce_async_(
+                    tensor.contiguous(), name=f"paraflow.allreduce.{op}", op=getattr(hvd, _COLLECTIVE_OPS[op])
+                )
+            )
 
     def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         hvd = self._horovod()
         with self._collective(f"broadcast from rank {src} of a {_describe(tensor)}"):
-            return self._wait(hvd.broadcast_async_(tensor.contiguous(), root_rank=src,
-                                                   name=f"paraflow.broadcast.{src}"))
+            return self._wait(
+                hvd.broadcast_async_(tensor.contiguous(), root_rank=src, name=f"paraflow.broadcast.{src}")
+            )
 
     def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         hvd = self._horovod()
@@ -350,13 +384,20 @@ class HorovodBackend(Backend):
             raise ConfigurationError(f"horovod cannot run the {what}: {exc}") from exc
         except RuntimeError as exc:  # HorovodInternalError: ranks disagree, or the job broke
             translated = translate_collective_error(  # a timeout or a lost rank: paraflow.reliability.failures
-                exc, collective=f"horovod {what}", rank=self.rank, world_size=self.world_size,
-                backend=self.name, timeout=self.timeout, waited=time.monotonic() - start)
+                exc,
+                collective=f"horovod {what}",
+                rank=self.rank,
+                world_size=self.world_size,
+                backend=self.name,
+                timeout=self.timeout,
+                waited=time.monotonic() - start,
+            )
             if translated is not None:
                 raise translated from exc
             raise CollectiveError(
                 f"horovod {what} failed on rank {self.rank}: {str(exc).rstrip('.')}. Every rank must call the same "
-                "collectives in the same order with tensors of the same shape and dtype.") from exc
+                "collectives in the same order with tensors of the same shape and dtype."
+            ) from exc
 
 
 @contextlib.contextmanager
@@ -403,6 +444,5 @@ def _positive(option: str, value: Any, zero: bool = False) -> float:
     except (TypeError, ValueError):
         number = float("nan")
     if not (number > 0 or (zero and number == 0)):
-        raise ConfigurationError(
-            f"{option} must be a {'non-negative' if zero else 'positive'} number, got {value!r}.")
+        raise ConfigurationError(f"{option} must be a {'non-negative' if zero else 'positive'} number, got {value!r}.")
     return number

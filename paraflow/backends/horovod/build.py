@@ -20,8 +20,9 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from .imports import HOROVOD_VERSION
 
@@ -32,12 +33,12 @@ RUNTIME_REQUIREMENTS = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi")
 #: Installed before a build without build isolation.
 BUILD_REQUIREMENTS = ("setuptools", "wheel", *RUNTIME_REQUIREMENTS)
 
-_APT = {"mpicc": "openmpi-bin libopenmpi-dev", "cmake": "cmake", "c++": "g++",
-        "Python.h": "python3-dev"}
+_APT = {"mpicc": "openmpi-bin libopenmpi-dev", "cmake": "cmake", "c++": "g++", "Python.h": "python3-dev"}
 
 # CMake's C++14 flag becomes C++17 for every target (torch >= 2.1 headers need it).
-_CXX17 = ('set(CMAKE_CXX14_STANDARD_COMPILE_OPTION "-std=c++17")\n'
-          'set(CMAKE_CXX14_EXTENSION_COMPILE_OPTION "-std=gnu++17")\n')
+_CXX17 = (
+    'set(CMAKE_CXX14_STANDARD_COMPILE_OPTION "-std=c++17")\nset(CMAKE_CXX14_EXTENSION_COMPILE_OPTION "-std=gnu++17")\n'
+)
 
 # Reports, as JSON, what horovod in the target Python can do; run there, not here.
 _PROBE = """
@@ -63,13 +64,17 @@ def wheel_cache() -> Path:
 
 
 def _python_facts(python: str) -> dict:
-    code = ("import json, sys, sysconfig, os, torch; print(json.dumps({"
-            "'torch': torch.__version__.split('+')[0], 'tag': 'cp%d%d' % sys.version_info[:2], "
-            "'headers': os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))}))")
+    code = (
+        "import json, sys, sysconfig, os, torch; print(json.dumps({"
+        "'torch': torch.__version__.split('+')[0], 'tag': 'cp%d%d' % sys.version_info[:2], "
+        "'headers': os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))}))"
+    )
     done = subprocess.run([python, "-c", code], capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"error: {python} cannot import torch; install torch first "
-                         f"(`{python} -m pip install torch`).\n{done.stderr.strip()[-500:]}")
+        raise SystemExit(
+            f"error: {python} cannot import torch; install torch first "
+            f"(`{python} -m pip install torch`).\n{done.stderr.strip()[-500:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -97,8 +102,13 @@ def probe(python: str = sys.executable) -> dict:
 
 
 def _working(info: dict, version: str) -> bool:
-    return (info.get("version") == version and info.get("extension") and info.get("mpi")
-            and info.get("gloo") and info.get("built_for") == info.get("torch"))
+    return (
+        info.get("version") == version
+        and info.get("extension")
+        and info.get("mpi")
+        and info.get("gloo")
+        and info.get("built_for") == info.get("torch")
+    )
 
 
 def _cmake_wrapper(workdir: Path, cmake: str) -> Path:
@@ -109,7 +119,8 @@ def _cmake_wrapper(workdir: Path, cmake: str) -> Path:
         "#!/bin/sh\n"
         "# configure steps get the C++17 project include; --build and --version pass through\n"
         f'case "$1" in --build|--version) exec "{cmake}" "$@";; esac\n'
-        f'exec "{cmake}" -DCMAKE_PROJECT_INCLUDE="{include}" "$@"\n')
+        f'exec "{cmake}" -DCMAKE_PROJECT_INCLUDE="{include}" "$@"\n'
+    )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return wrapper
 
@@ -123,23 +134,41 @@ def build_wheel(python: str, directory: Path, version: str = HOROVOD_VERSION) ->
     directory.mkdir(parents=True, exist_ok=True)
     _pip(python, "install", "-q", *BUILD_REQUIREMENTS)
     with tempfile.TemporaryDirectory(prefix="paraflow-horovod-") as tmp:
-        env = {**os.environ,
-               "HOROVOD_CMAKE": str(_cmake_wrapper(Path(tmp), shutil.which("cmake"))),
-               "CMAKE_POLICY_VERSION_MINIMUM": "3.5",  # gloo's old cmake_minimum_required
-               "HOROVOD_WITH_PYTORCH": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITH_MPI": "1",
-               "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_MXNET": "1",
-               "HOROVOD_GPU_OPERATIONS": os.environ.get("HOROVOD_GPU_OPERATIONS", ""),
-               "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
-        subprocess.run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir",
-                        "-w", str(directory), f"horovod=={version}"], check=True, env=env)
+        env = {
+            **os.environ,
+            "HOROVOD_CMAKE": str(_cmake_wrapper(Path(tmp), shutil.which("cmake"))),
+            "CMAKE_POLICY_VERSION_MINIMUM": "3.5",  # gloo's old cmake_minimum_required
+            "HOROVOD_WITH_PYTORCH": "1",
+            "HOROVOD_WITH_GLOO": "1",
+            "HOROVOD_WITH_MPI": "1",
+            "HOROVOD_WITHOUT_TENSORFLOW": "1",
+            "HOROVOD_WITHOUT_MXNET": "1",
+            "HOROVOD_GPU_OPERATIONS": os.environ.get("HOROVOD_GPU_OPERATIONS", ""),
+            "MAKEFLAGS": f"-j{os.cpu_count() or 1}",
+        }
+        subprocess.run(
+            [
+                python,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-build-isolation",
+                "--no-deps",
+                "--no-cache-dir",
+                "-w",
+                str(directory),
+                f"horovod=={version}",
+            ],
+            check=True,
+            env=env,
+        )
     wheels = sorted(directory.glob(f"horovod-{version}-*.whl"))
     if not wheels:
         raise SystemExit(f"error: pip reported success but left no horovod wheel in {directory}")
     return wheels[-1]
 
 
-def build_and_install(python: str = sys.executable, force: bool = False,
-                      version: str = HOROVOD_VERSION) -> int:
+def build_and_install(python: str = sys.executable, force: bool = False, version: str = HOROVOD_VERSION) -> int:
     """Install a working horovod into `python`: cached wheel if there is one, else build it.
 
     Returns:
@@ -147,8 +176,9 @@ def build_and_install(python: str = sys.executable, force: bool = False,
     """
     before = probe(python)
     if _working(before, version) and not force:
-        print(f"horovod {version} is already installed for torch {before['torch']} "
-              f"(MPI and gloo); `--force` rebuilds it")
+        print(
+            f"horovod {version} is already installed for torch {before['torch']} (MPI and gloo); `--force` rebuilds it"
+        )
         return 0
     directory = wheel_cache() / cache_key(python, version)
     cached = sorted(directory.glob(f"horovod-{version}-*.whl"))
@@ -159,12 +189,16 @@ def build_and_install(python: str = sys.executable, force: bool = False,
         missing = missing_tools(python)
         if missing:
             packages = " ".join(_APT[m] for m in missing)
-            print(f"error: building horovod needs {', '.join(missing)}, missing here. Install them "
-                  f"first: `apt-get install {packages}` (as root or with sudo), then run this again.",
-                  file=sys.stderr)
+            print(
+                f"error: building horovod needs {', '.join(missing)}, missing here. Install them "
+                f"first: `apt-get install {packages}` (as root or with sudo), then run this again.",
+                file=sys.stderr,
+            )
             return 1
-        print(f"building horovod {version} for this torch (a few minutes, once); "
-              f"the wheel is kept in {directory}", flush=True)
+        print(
+            f"building horovod {version} for this torch (a few minutes, once); the wheel is kept in {directory}",
+            flush=True,
+        )
         for old in cached:
             old.unlink()
         wheel = build_wheel(python, directory, version)
@@ -172,8 +206,11 @@ def build_and_install(python: str = sys.executable, force: bool = False,
     _pip(python, "install", "-q", *RUNTIME_REQUIREMENTS)
     after = probe(python)
     if not _working(after, version):
-        print(f"error: horovod still does not work after installing {wheel}: {after}. "
-              "Rebuild it with `paraflow build-horovod --force`.", file=sys.stderr)
+        print(
+            f"error: horovod still does not work after installing {wheel}: {after}. "
+            "Rebuild it with `paraflow build-horovod --force`.",
+            file=sys.stderr,
+        )
         return 1
     print(f"horovod {after['version']} works: PyTorch {after['torch']}, MPI and gloo controllers")
     return 0
@@ -181,8 +218,9 @@ def build_and_install(python: str = sys.executable, force: bool = False,
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command line: ``paraflow build-horovod [--python PY] [--force]``."""
-    parser = argparse.ArgumentParser(prog="paraflow build-horovod", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="paraflow build-horovod", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     return build_and_install(args.python, args.force)
@@ -190,8 +228,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The build command's options, shared by ``paraflow build-horovod``."""
-    parser.add_argument("--python", default=sys.executable,
-                        help="the Python (with torch) to install into; default: this one")
+    parser.add_argument(
+        "--python", default=sys.executable, help="the Python (with torch) to install into; default: this one"
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if a wheel is cached")
     return parser
 

@@ -40,6 +40,7 @@ def import_horovod() -> ModuleType:
     if reason:
         raise MissingDependencyError(f"{reason}. {INSTALL_HINT}")
     import horovod.torch as hvd
+
     return hvd
 
 
@@ -62,8 +63,10 @@ def _import_error() -> Optional[str]:
     except Exception as exc:  # HorovodVersionMismatchError and friends
         return f"horovod is installed but `import horovod.torch` fails ({_first_line(exc)})"
     if not hasattr(hvd, "init"):
-        return ("horovod is installed without its PyTorch extension "
-                f"({_first_line(noise.getvalue()) or 'mpi_lib_v2 is missing'})")
+        return (
+            "horovod is installed without its PyTorch extension "
+            f"({_first_line(noise.getvalue()) or 'mpi_lib_v2 is missing'})"
+        )
     return None
 
 

@@ -19,6 +19,7 @@ import datetime
 import ipaddress
 import os
 import socket
+
 from ...environment.launchers import ProcessEnvironment
 from ...environment.scoped_env import ScopedEnv
 
@@ -61,8 +62,9 @@ class GlooRendezvous:
         timeout: seconds to wait for the other ranks.
     """
 
-    def __init__(self, env: ProcessEnvironment, store_addr: str, store_port: int, *,
-                 serve_store: bool, timeout: float) -> None:
+    def __init__(
+        self, env: ProcessEnvironment, store_addr: str, store_port: int, *, serve_store: bool, timeout: float
+    ) -> None:
         self.env = env
         self.store_addr = store_addr
         self.store_port = store_port
@@ -94,8 +96,7 @@ class GlooRendezvous:
         store.set(f"host/{env.rank}", hostname)
         hosts = self._gather_hosts(store)
         if env.rank == 0:
-            plan = get_host_assignments(
-                [HostInfo(h, hosts.count(h)) for h in dict.fromkeys(hosts)], env.world_size)
+            plan = get_host_assignments([HostInfo(h, hosts.count(h)) for h in dict.fromkeys(hosts)], env.world_size)
             from horovod.runner.http.http_server import RendezvousServer
 
             self._server = RendezvousServer()
@@ -150,9 +151,14 @@ class GlooRendezvous:
         import torch.distributed as dist
 
         is_server = self.serve_store and self.env.rank == 0
-        store = dist.TCPStore(self.store_addr, self.store_port, self.env.world_size, is_server,
-                              timeout=datetime.timedelta(seconds=self.timeout),
-                              wait_for_workers=False)
+        store = dist.TCPStore(
+            self.store_addr,
+            self.store_port,
+            self.env.world_size,
+            is_server,
+            timeout=datetime.timedelta(seconds=self.timeout),
+            wait_for_workers=False,
+        )
         run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return dist.PrefixStore(f"paraflow/horovod/{run}/{restart}/{generation}/", store)

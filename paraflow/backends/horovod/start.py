@@ -13,12 +13,19 @@ import os
 from typing import Optional
 
 from ...environment.launchers import ProcessEnvironment
+from ...environment.scoped_env import ScopedEnv
 from ...errors import BackendUnavailableError, ConfigurationError, LauncherError
 from ...reliability.failures import call_with_deadline, startup_errors
-from ...environment.scoped_env import ScopedEnv
 
-__all__ = ["launch_commands", "choose_controller", "set_knobs", "start_mpi", "start_gloo",
-           "check_horovod_world", "note_mpi_shut_down"]
+__all__ = [
+    "launch_commands",
+    "choose_controller",
+    "set_knobs",
+    "start_mpi",
+    "start_gloo",
+    "check_horovod_world",
+    "note_mpi_shut_down",
+]
 
 _MPI_LAUNCHERS = ("openmpi", "mpich", "mvapich2")
 _mpi_finalized_by_horovod = False  # MPI cannot start twice in one process
@@ -31,19 +38,22 @@ _knobs_fixed_before: Optional[frozenset] = None
 def launch_commands(world_size: int) -> str:
     """The mpirun and horovodrun commands that start `world_size` horovod ranks, for messages."""
     n = max(world_size, 2)
-    return (f"`mpirun -np {n} python train.py --backend horovod` (MPI controller) or "
-            f"`horovodrun -np {n} -H localhost:{n} --gloo python train.py --backend horovod` "
-            "(gloo controller)")
+    return (
+        f"`mpirun -np {n} python train.py --backend horovod` (MPI controller) or "
+        f"`horovodrun -np {n} -H localhost:{n} --gloo python train.py --backend horovod` "
+        "(gloo controller)"
+    )
 
 
 def choose_controller(hvd, env: ProcessEnvironment, want: str) -> str:
-    """"mpi" or "gloo": what `want` ("auto", "mpi", "gloo") comes to under this launcher and build."""
+    """ "mpi" or "gloo": what `want` ("auto", "mpi", "gloo") comes to under this launcher and build."""
     if env.launcher == "horovodrun":
         if want == "mpi":
             raise LauncherError(
                 "controller='mpi' was asked for, but horovodrun --gloo started this process; "
                 f"for the MPI controller launch with `mpirun -np {env.world_size} python "
-                "train.py --backend horovod`.")
+                "train.py --backend horovod`."
+            )
         return "gloo"
     if env.launcher in _MPI_LAUNCHERS or (env.launcher == "slurm" and want == "mpi"):
         if want == "auto":
@@ -51,7 +61,8 @@ def choose_controller(hvd, env: ProcessEnvironment, want: str) -> str:
     elif want == "mpi":
         raise LauncherError(
             f"horovod's MPI controller needs an MPI launcher, but {env.launcher} started this "
-            f"process. Launch with {launch_commands(env.world_size)}, or use controller='gloo'.")
+            f"process. Launch with {launch_commands(env.world_size)}, or use controller='gloo'."
+        )
     elif want == "auto":
         want = "gloo" if hvd.gloo_built() or not hvd.mpi_built() else "mpi"
     built = hvd.mpi_built() if want == "mpi" else hvd.gloo_built()
@@ -59,12 +70,19 @@ def choose_controller(hvd, env: ProcessEnvironment, want: str) -> str:
         raise BackendUnavailableError(
             f"horovod was built without {want.upper() if want == 'mpi' else want}, which "
             f"{env.launcher} needs here. Launch with {launch_commands(env.world_size)} as this build "
-            "allows, or rebuild horovod with `paraflow build-horovod --force`.")
+            "allows, or rebuild horovod with `paraflow build-horovod --force`."
+        )
     return want
 
 
-def set_knobs(env_vars: ScopedEnv, *, fusion_threshold_mb: Optional[float],
-              cycle_time_ms: Optional[float], timeout: float, timeout_given: bool) -> None:
+def set_knobs(
+    env_vars: ScopedEnv,
+    *,
+    fusion_threshold_mb: Optional[float],
+    cycle_time_ms: Optional[float],
+    timeout: float,
+    timeout_given: bool,
+) -> None:
     """Set the HOROVOD_* variables ``hvd.init()`` reads, in `env_vars` (restored at shutdown).
 
     An explicit timeout (`timeout_given`) wins over HOROVOD_* timeouts set in the shell.
@@ -75,9 +93,11 @@ def set_knobs(env_vars: ScopedEnv, *, fusion_threshold_mb: Optional[float],
     if cycle_time_ms is not None:
         knobs["HOROVOD_CYCLE_TIME"] = repr(float(cycle_time_ms))
     seconds = max(1, math.ceil(timeout))
-    timeouts = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(seconds),
-                "HOROVOD_STALL_CHECK_TIME_SECONDS": str(min(60, seconds)),
-                "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(seconds)}
+    timeouts = {
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(seconds),
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": str(min(60, seconds)),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(seconds),
+    }
     for key, value in timeouts.items():
         if timeout_given or key not in os.environ:
             knobs[key] = value
@@ -102,7 +122,8 @@ def _check_restart_knobs() -> None:
         f"horovod cannot restart in this process with these tuning options: it keeps {names} "
         "(HOROVOD_FUSION_THRESHOLD / HOROVOD_CYCLE_TIME) from one session to the next and "
         "crashes once both have been set. Start each horovod session with these options in a "
-        "new process, or keep the same single option in every session.")
+        "new process, or keep the same single option in every session."
+    )
 
 
 def start_mpi(hvd, env_vars: ScopedEnv) -> bool:
@@ -112,9 +133,11 @@ def start_mpi(hvd, env_vars: ScopedEnv) -> bool:
         raise ConfigurationError(
             "horovod already shut MPI down in this process, and MPI cannot start twice. "
             "Install mpi4py (`pip install mpi4py`) so MPI stays up between horovod sessions, "
-            "or start horovod once per process.")
+            "or start horovod once per process."
+        )
     try:  # mpi4py owns MPI_Init/Finalize when present, so horovod can start again later
         from mpi4py import MPI
+
         if not MPI.Is_initialized():
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
             atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
@@ -143,11 +166,13 @@ def start_gloo(hvd, env: ProcessEnvironment, timeout: float):
         raise ConfigurationError(
             "horovod ran with its MPI controller earlier in this process and cannot switch to "
             "gloo afterwards (it would build gloo from MPI's closed communicator and abort). "
-            "Use the MPI controller again (controller='mpi'), or a new process.")
+            "Use the MPI controller again (controller='mpi'), or a new process."
+        )
     rendezvous = None
     try:
         if env.launcher != "horovodrun":
             from .rendezvous import GlooRendezvous
+
             if env.launcher == "torchrun":
                 if not (env.master_addr and env.master_port):
                     raise LauncherError("torchrun set no MASTER_ADDR/MASTER_PORT; relaunch with torchrun.")
@@ -156,16 +181,24 @@ def start_gloo(hvd, env: ProcessEnvironment, timeout: float):
                 addr, port = env.master_addr, env.master_port
             else:
                 from ...environment.rendezvous import resolve_master
+
                 (addr, port), serve = resolve_master(env), True
             rendezvous = GlooRendezvous(env, addr, port, serve_store=serve, timeout=timeout)
-            with startup_errors(rank=env.rank, world_size=env.world_size, address=addr, port=port,
-                                timeout=timeout, launcher=env.launcher):
+            with startup_errors(
+                rank=env.rank,
+                world_size=env.world_size,
+                address=addr,
+                port=port,
+                timeout=timeout,
+                launcher=env.launcher,
+            ):
                 call_with_deadline(rendezvous.start, timeout + 10, "the horovod rendezvous")
         elif not os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
             raise LauncherError(
                 "HOROVOD_RANK is set but HOROVOD_GLOO_RENDEZVOUS_ADDR is not: start the job with "
                 f"`horovodrun -np {env.world_size} -H localhost:{env.world_size} --gloo python "
-                "train.py --backend horovod`.")
+                "train.py --backend horovod`."
+            )
         hvd.init()
     except BaseException:
         if rendezvous is not None:
@@ -181,4 +214,5 @@ def check_horovod_world(hvd, env: ProcessEnvironment) -> None:
             f"{env.launcher} says this is rank {env.rank} of {env.world_size}, but horovod "
             f"started as rank {hvd.rank()} of {hvd.size()}: its MPI library does not belong to "
             f"this launcher (horovod here was built against another MPI). Launch with "
-            f"{launch_commands(env.world_size)}.")
+            f"{launch_commands(env.world_size)}."
+        )

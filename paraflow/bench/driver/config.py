@@ -14,8 +14,19 @@ __all__ = ["ModelSpec", "BenchConfig", "parse_size", "message_sizes", "DEFAULT_M
 #: step; the CNN (0.08 MB) and the transformer (0.4 MB over ~30 tensors) send small ones.
 DEFAULT_MODELS = ("mlp:width=1024", "cnn", "transformer")
 
-_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024 ** 2, "MB": 1024 ** 2,
-          "MIB": 1024 ** 2, "G": 1024 ** 3, "GB": 1024 ** 3, "GIB": 1024 ** 3}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1024,
+    "KB": 1024,
+    "KIB": 1024,
+    "M": 1024**2,
+    "MB": 1024**2,
+    "MIB": 1024**2,
+    "G": 1024**3,
+    "GB": 1024**3,
+    "GIB": 1024**3,
+}
 
 
 @dataclass(frozen=True)
@@ -26,19 +37,23 @@ class ModelSpec:
     options: tuple = ()
 
     @classmethod
-    def parse(cls, text: str) -> "ModelSpec":
+    def parse(cls, text: str) -> ModelSpec:
         """Parse `mlp`, `mlp:width=1024` or `transformer:width=128,depth=4`."""
         from ...examples.models import MODELS
+
         name, _, rest = text.partition(":")
         if name not in MODELS:
-            raise ConfigurationError(f"unknown model {name!r} in {text!r}; choose one of {', '.join(MODELS)} "
-                                     "(sizes as name:key=value,..., e.g. mlp:width=1024).")
+            raise ConfigurationError(
+                f"unknown model {name!r} in {text!r}; choose one of {', '.join(MODELS)} "
+                "(sizes as name:key=value,..., e.g. mlp:width=1024)."
+            )
         options = []
         for item in filter(None, rest.split(",")):
             key, eq, value = item.partition("=")
             if not eq or not value.strip().isdigit():
-                raise ConfigurationError(f"model option {item!r} in {text!r} is not key=<integer> "
-                                         "(e.g. mlp:width=1024,depth=2).")
+                raise ConfigurationError(
+                    f"model option {item!r} in {text!r} is not key=<integer> (e.g. mlp:width=1024,depth=2)."
+                )
             options.append((key.strip(), int(value)))
         return cls(name, tuple(options))
 
@@ -115,7 +130,7 @@ class BenchConfig:
     warmup: int = 5
     steps: int = 20
     min_window: float = 1.0
-    sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024 ** 2, 4))
+    sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024**2, 4))
     overhead_steps: int = 40
     overhead_model: Optional[ModelSpec] = None
     launchers: Optional[list] = None
@@ -128,10 +143,15 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         from ...examples.data import DATASETS
+
         if self.data not in DATASETS:
             raise ConfigurationError(f"unknown data {self.data!r}; choose one of {', '.join(DATASETS)}.")
-        for name, value, low in (("batch_size", self.batch_size, 1), ("steps", self.steps, 1),
-                                 ("warmup", self.warmup, 0), ("overhead_steps", self.overhead_steps, 1)):
+        for name, value, low in (
+            ("batch_size", self.batch_size, 1),
+            ("steps", self.steps, 1),
+            ("warmup", self.warmup, 0),
+            ("overhead_steps", self.overhead_steps, 1),
+        ):
             if int(value) < low:
                 raise ConfigurationError(f"{name}={value}: must be at least {low}.")
         if not self.nprocs or any(int(n) < 1 for n in self.nprocs):

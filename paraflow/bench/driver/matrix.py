@@ -7,8 +7,9 @@ measure memory-copy bandwidth and the abstraction overhead against hand-written 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Optional
 
 from ...core.placement import cores
 from ...errors import ConfigurationError, UnknownBackendError
@@ -56,8 +57,10 @@ class Cell:
             return f"memory-copy bandwidth ({self.threads} thread{'s' * (self.threads > 1)})"
         procs = f"{self.nproc} process{'es' * (self.nproc > 1)}"
         if self.kind == "overhead":
-            return (f"abstraction overhead: {self.backend} via paraflow vs raw, {self.launcher}, {procs}, "
-                    f"{self.models[0].label}")
+            return (
+                f"abstraction overhead: {self.backend} via paraflow vs raw, {self.launcher}, {procs}, "
+                f"{self.models[0].label}"
+            )
         what = ", ".join(m.label for m in self.models) + (" + allreduce" if self.allreduce else "")
         return f"{self.backend} · {self.launcher} · {procs} · {what}"
 
@@ -74,8 +77,12 @@ def _threads(nproc: int, total: int) -> int:
     return max(1, total // nproc)
 
 
-def build_matrix(config: BenchConfig, available: Optional[Mapping[str, Optional[str]]] = None,
-                 cuda_devices: Optional[int] = None, total_cores: Optional[int] = None) -> Matrix:
+def build_matrix(
+    config: BenchConfig,
+    available: Optional[Mapping[str, Optional[str]]] = None,
+    cuda_devices: Optional[int] = None,
+    total_cores: Optional[int] = None,
+) -> Matrix:
     """The cells for `config` on this machine.
 
     Args:
@@ -87,9 +94,11 @@ def build_matrix(config: BenchConfig, available: Optional[Mapping[str, Optional[
     """
     if available is None:
         from ...core.registry import available_backends
+
         available = available_backends()
     if cuda_devices is None:
         import torch
+
         cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     total_cores = total_cores or cores()
     matrix = Matrix()
@@ -105,7 +114,9 @@ def build_matrix(config: BenchConfig, available: Optional[Mapping[str, Optional[
             if name in ALIASES:
                 matrix.skipped[name] = f"same as {ALIASES[name]}"
             elif name == "dp" and not cuda_devices:
-                matrix.skipped[name] = "no GPU: DataParallel would be a pass-through of single (ask for it with --backends dp)"
+                matrix.skipped[name] = (
+                    "no GPU: DataParallel would be a pass-through of single (ask for it with --backends dp)"
+                )
             elif reason is None:
                 names.append(name)
             else:
@@ -125,9 +136,11 @@ def build_matrix(config: BenchConfig, available: Optional[Mapping[str, Optional[
     for name in names:
         launchers = BACKEND_LAUNCHERS.get(name, ("torchrun",))
         if config.launchers and name != "single":
-            launchers = tuple(l for l in launchers if l in config.launchers)
+            launchers = tuple(launcher for launcher in launchers if launcher in config.launchers)
             if not launchers:
-                matrix.skipped[name] = f"none of its launchers ({', '.join(BACKEND_LAUNCHERS.get(name, ('torchrun',)))}) was asked for"
+                matrix.skipped[name] = (
+                    f"none of its launchers ({', '.join(BACKEND_LAUNCHERS.get(name, ('torchrun',)))}) was asked for"
+                )
                 continue
         counts = [1] if name in ONE_PROCESS else config.nprocs
         if name == "ddp-nccl" and cuda_devices:
@@ -138,8 +151,9 @@ def build_matrix(config: BenchConfig, available: Optional[Mapping[str, Optional[
         for launcher in launchers:
             for n in counts:
                 threads = total_cores if name == "dp" else _threads(n, total_cores)
-                train_cells.append(Cell("train", name, launcher, n, threads, models,
-                                        allreduce=config.allreduce and n >= 2))
+                train_cells.append(
+                    Cell("train", name, launcher, n, threads, models, allreduce=config.allreduce and n >= 2)
+                )
 
     if config.allreduce and any(c.allreduce for c in train_cells):
         widest = max(multi_nprocs) if multi_nprocs else 1
@@ -156,6 +170,7 @@ def build_matrix(config: BenchConfig, available: Optional[Mapping[str, Optional[
                         continue
                 else:
                     n_here = n
-                matrix.cells.append(Cell("overhead", name, launcher, n_here, _threads(n_here, total_cores),
-                                         (config.overhead_model,)))
+                matrix.cells.append(
+                    Cell("overhead", name, launcher, n_here, _threads(n_here, total_cores), (config.overhead_model,))
+                )
     return matrix

@@ -9,13 +9,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .config import BenchConfig
 from ..report.header import collect_header, header_lines
-from .matrix import Matrix, build_matrix
-from ..report.outputs import (CSV_TABLES, markdown_report, require_tabulate, terminal_report, write_csvs,
-                      write_json)
-from .runner import run_cells, worker_entry
+from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, terminal_report, write_csvs, write_json
 from ..report.tables import build_tables
+from .config import BenchConfig
+from .matrix import Matrix, build_matrix
+from .runner import run_cells, worker_entry
 
 __all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
 
@@ -32,8 +31,7 @@ def _prepare(out: Path) -> Path:
     return raw
 
 
-def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = None,
-              entry=worker_entry) -> dict:
+def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = None, entry=worker_entry) -> dict:
     """Run every cell of `config` (or of `matrix`), write the results folder, return the results.
 
     `progress`: True prints progress and tables to standard output, a stream prints them there,
@@ -46,6 +44,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     require_tabulate()
     if config.plots:
         from ..report.plots import require_pyplot
+
         require_pyplot()
     matrix = matrix or build_matrix(config)
     out = Path(config.out)
@@ -57,8 +56,11 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         print("\n".join(header_lines(header, with_commands=False)), file=progress)
         for name, why in matrix.skipped.items():
             print(f"not run: {name}: {why}", file=progress)
-        print(f"{len(matrix.cells)} launches, each with a {config.timeout:.0f} s timeout; results go to {out}/",
-              file=progress, flush=True)
+        print(
+            f"{len(matrix.cells)} launches, each with a {config.timeout:.0f} s timeout; results go to {out}/",
+            file=progress,
+            flush=True,
+        )
 
     start = time.monotonic()
     cell_results = run_cells(matrix.cells, config, raw, entry=entry, progress=progress)
@@ -66,24 +68,33 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     header["commands"] = [c["command"] for c in cells]
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     header["wall_time_s"] = round(time.monotonic() - start, 1)
-    results = {"header": header, "config": config.to_dict(), "skipped": dict(matrix.skipped),
-               "cells": cells, "tables": build_tables(cells, header)}
+    results = {
+        "header": header,
+        "config": config.to_dict(),
+        "skipped": dict(matrix.skipped),
+        "cells": cells,
+        "tables": build_tables(cells, header),
+    }
 
     plots = []
     if config.plots:
         from ..report.plots import write_plots
+
         plots = write_plots(results, out)
     written = [write_json(results, out), *write_csvs(results, out), *plots]
     (out / "results.md").write_text(markdown_report(results, plots))
     written.insert(1, "results.md")
     if progress:
         print(terminal_report(results), file=progress)
-        print(f"\n{len(cells)} launches in {header['wall_time_s']:.0f} s; wrote {', '.join(written)} "
-              f"and raw/<cell>/rank<R>.json to {out}/", file=progress, flush=True)
+        print(
+            f"\n{len(cells)} launches in {header['wall_time_s']:.0f} s; wrote {', '.join(written)} "
+            f"and raw/<cell>/rank<R>.json to {out}/",
+            file=progress,
+            flush=True,
+        )
     return results
 
 
 def exit_status(results: dict) -> int:
     """0 when every launch succeeded, else 1."""
     return 0 if all(c["status"] == "ok" for c in results["cells"]) else 1
-

@@ -45,11 +45,23 @@ class CellResult:
     def to_dict(self) -> dict:
         """JSON-ready: the cell, the exact command, the outcome and the raw per-rank numbers."""
         c = self.cell
-        return {"id": c.id, "kind": c.kind, "backend": c.backend, "launcher": c.launcher, "nproc": c.nproc,
-                "threads": c.threads, "models": [str(m) for m in c.models], "allreduce": c.allreduce,
-                "command": command_line(self.command, self.env), "status": self.status, "error": self.error,
-                "elapsed_s": self.elapsed_s, "stdout_tail": self.stdout_tail, "stderr_tail": self.stderr_tail,
-                "ranks": self.ranks}
+        return {
+            "id": c.id,
+            "kind": c.kind,
+            "backend": c.backend,
+            "launcher": c.launcher,
+            "nproc": c.nproc,
+            "threads": c.threads,
+            "models": [str(m) for m in c.models],
+            "allreduce": c.allreduce,
+            "command": command_line(self.command, self.env),
+            "status": self.status,
+            "error": self.error,
+            "elapsed_s": self.elapsed_s,
+            "stdout_tail": self.stdout_tail,
+            "stderr_tail": self.stderr_tail,
+            "ranks": self.ranks,
+        }
 
 
 def command_line(command: list, env: dict) -> str:
@@ -64,8 +76,18 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     args = ["--out", str(out_dir)]
     if cell.kind == "memcpy":
         return args + ["--memcpy-sizes", ",".join(map(str, config.sizes)), "--threads", str(cell.threads)]
-    args += ["--backend", cell.backend, "--data", config.data, "--batch-size", str(config.batch_size),
-             "--warmup", str(config.warmup), "--seed", str(config.seed)]
+    args += [
+        "--backend",
+        cell.backend,
+        "--data",
+        config.data,
+        "--batch-size",
+        str(config.batch_size),
+        "--warmup",
+        str(config.warmup),
+        "--seed",
+        str(config.seed),
+    ]
     if cell.kind == "overhead":
         return args + ["--steps", str(config.overhead_steps), "--overhead", str(cell.models[0])]
     args += ["--steps", str(config.steps), "--min-window", str(config.min_window)]
@@ -88,8 +110,16 @@ def cell_env(cell: Cell, timeout: float) -> dict:
     path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
     inherited = launcher_variables(os.environ) + ["PARAFLOW_BACKEND"]  # a parent job's, not the cell's
     env = {key: None for key in inherited if key in os.environ}
-    env.update({"PARAFLOW_NUM_THREADS": threads, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-                "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, "PARAFLOW_TIMEOUT": str(int(max(timeout, 1)))})
+    env.update(
+        {
+            "PARAFLOW_NUM_THREADS": threads,
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": path,
+            "PARAFLOW_TIMEOUT": str(int(max(timeout, 1))),
+        }
+    )
     if cell.launcher == "mpirun" and MPI_YIELD not in os.environ:
         # The cell fills every core, and each horovod rank adds a background thread: Open MPI's
         # default busy-polling would starve the other threads (it yields by itself only when it
@@ -99,18 +129,20 @@ def cell_env(cell: Cell, timeout: float) -> dict:
 
 
 # Rank prefixes: horovodrun's "[1]<stderr>:", torchrun's "[rank1]:".
-_ERROR_LINE = re.compile(r"^(?:\[\d+\]<std\w+>:|\[rank\d+\]:)?\s*((?:[\w.]*(?:Error|Exception|Interrupt)|SystemExit)(?::\s.*)?)$")
+_ERROR_LINE = re.compile(
+    r"^(?:\[\d+\]<std\w+>:|\[rank\d+\]:)?\s*((?:[\w.]*(?:Error|Exception|Interrupt)|SystemExit)(?::\s.*)?)$"
+)
 _LAUNCHER_WRAPPERS = ("ChildFailedError", "CalledProcessError")
 
 
 def failure_reason(stderr: str, returncode: Optional[int]) -> str:
     """The most telling line of a failed launch: the root exception, else the last line of output."""
-    lines = [l.strip() for l in stderr.splitlines() if l.strip()]
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [m.group(1) for m in map(_ERROR_LINE.match, lines) if m]
     errors = [e for e in errors if not any(w in e for w in _LAUNCHER_WRAPPERS)]
     if errors:
         return errors[-1][:400]
-    return (lines[-1][:400] if lines else f"exit status {returncode}, no error output")
+    return lines[-1][:400] if lines else f"exit status {returncode}, no error output"
 
 
 def _read_ranks(out_dir: Path, nproc: int) -> tuple[list, list]:
@@ -124,8 +156,13 @@ def _read_ranks(out_dir: Path, nproc: int) -> tuple[list, list]:
     return ranks, missing
 
 
-def run_cell(cell: Cell, config: BenchConfig, raw_dir: Path, timeout: float,
-             entry: Callable[[Cell, BenchConfig, Path], list] = worker_entry) -> CellResult:
+def run_cell(
+    cell: Cell,
+    config: BenchConfig,
+    raw_dir: Path,
+    timeout: float,
+    entry: Callable[[Cell, BenchConfig, Path], list] = worker_entry,
+) -> CellResult:
     """Launch one cell and collect what its ranks wrote; never raises for a failed launch."""
     out_dir = raw_dir / cell.id
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -134,11 +171,16 @@ def run_cell(cell: Cell, config: BenchConfig, raw_dir: Path, timeout: float,
     env = cell_env(cell, timeout)
     start = time.monotonic()
     try:
-        command = launch_command(cell.launcher, cell.nproc, entry(cell, config, out_dir),
-                                 env_keys=[k for k, v in env.items() if v is not None and not k.startswith("OMPI_MCA_")])
+        command = launch_command(
+            cell.launcher,
+            cell.nproc,
+            entry(cell, config, out_dir),
+            env_keys=[k for k, v in env.items() if v is not None and not k.startswith("OMPI_MCA_")],
+        )
     except Exception as exc:  # a launcher that is not installed, a bad process count
-        return CellResult(cell, [cell.launcher], "failed", f"{type(exc).__name__}: {exc}",
-                          time.monotonic() - start, env=env)
+        return CellResult(
+            cell, [cell.launcher], "failed", f"{type(exc).__name__}: {exc}", time.monotonic() - start, env=env
+        )
     result = run_launch(command, timeout=timeout, env=env)
     ranks, missing = _read_ranks(out_dir, cell.nproc)
     if result.timed_out:
@@ -152,18 +194,31 @@ def run_cell(cell: Cell, config: BenchConfig, raw_dir: Path, timeout: float,
         status, error = "failed", f"rank(s) {', '.join(map(str, missing))} wrote no results"
     else:
         status, error = "ok", None
-    return CellResult(cell, command, status, error, result.elapsed_s, ranks,
-                      result.stdout[-_TAIL:] if status != "ok" else "",
-                      result.stderr[-_TAIL:] if status != "ok" else "", env)
+    return CellResult(
+        cell,
+        command,
+        status,
+        error,
+        result.elapsed_s,
+        ranks,
+        result.stdout[-_TAIL:] if status != "ok" else "",
+        result.stderr[-_TAIL:] if status != "ok" else "",
+        env,
+    )
 
 
 def _clock(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
-def run_cells(cells: list, config: BenchConfig, raw_dir: Path, timeout: Optional[float] = None,
-              entry: Callable[[Cell, BenchConfig, Path], list] = worker_entry,
-              progress=True) -> list:
+def run_cells(
+    cells: list,
+    config: BenchConfig,
+    raw_dir: Path,
+    timeout: Optional[float] = None,
+    entry: Callable[[Cell, BenchConfig, Path], list] = worker_entry,
+    progress=True,
+) -> list:
     """Run `cells` one after another, printing progress; a failed or hung cell does not stop the rest."""
     progress = sys.stdout if progress is True else (progress or None)
     timeout = config.timeout if timeout is None else timeout
@@ -172,8 +227,11 @@ def run_cells(cells: list, config: BenchConfig, raw_dir: Path, timeout: Optional
     for i, cell in enumerate(cells, 1):
         elapsed = time.monotonic() - start
         if progress:
-            print(f"[{i:>{width}}/{total}] {_clock(elapsed)} elapsed, {total - i} left · {cell.label}",
-                  file=progress, flush=True)
+            print(
+                f"[{i:>{width}}/{total}] {_clock(elapsed)} elapsed, {total - i} left · {cell.label}",
+                file=progress,
+                flush=True,
+            )
         result = run_cell(cell, config, raw_dir, timeout, entry)
         results.append(result)
         if progress:

@@ -19,7 +19,7 @@ __all__ = ["run_allreduce", "iterations_for", "pattern", "expected_sum", "count_
 
 DTYPE = torch.float32
 #: Roughly this many bytes are reduced per size, so small messages get many iterations.
-BYTES_PER_SIZE = 256 * 1024 ** 2
+BYTES_PER_SIZE = 256 * 1024**2
 MIN_ITERS, MAX_ITERS = 3, 20  # nccl-tests runs 20 by default
 
 
@@ -72,6 +72,14 @@ def run_allreduce(backend, sizes: list[int], warmup: int = 2) -> dict:
         checked = backend._allreduce(pattern(rank, count, DTYPE, device), "sum")
         device_sync(device)
         wrong += count_wrong(checked, expected_sum(n, count, DTYPE, device))
-        rows.append({"bytes": count * element, "count": count, "dtype": str(DTYPE).replace("torch.", ""),
-                     "iters": iters, "time_s": elapsed / iters, "wrong": wrong})
+        rows.append(
+            {
+                "bytes": count * element,
+                "count": count,
+                "dtype": str(DTYPE).replace("torch.", ""),
+                "iters": iters,
+                "time_s": elapsed / iters,
+                "wrong": wrong,
+            }
+        )
     return {"world_size": n, "device": str(device), "sizes": rows}

@@ -20,14 +20,16 @@ from .train_loop import LEARNING_RATE, device_sync, make_batches, make_step
 __all__ = ["run_overhead"]
 
 
-def run_overhead(backend_name: str, spec: ModelSpec, data: str, batch_size: int, warmup: int,
-                 pairs: int, seed: int) -> dict:
+def run_overhead(
+    backend_name: str, spec: ModelSpec, data: str, batch_size: int, warmup: int, pairs: int, seed: int
+) -> dict:
     """Time `pairs` paraflow/raw step pairs of `spec`; returns (rank, this rank's numbers)."""
     import paraflow
+
     if backend_name not in RAW_LOOPS:
         raise paraflow.ConfigurationError(
-            f"no hand-written loop for backend {backend_name!r}; abstraction overhead covers "
-            f"{', '.join(RAW_LOOPS)}.")
+            f"no hand-written loop for backend {backend_name!r}; abstraction overhead covers {', '.join(RAW_LOOPS)}."
+        )
     raw = RAW_LOOPS[backend_name]()
     raw.init()
     backend = paraflow.init(backend_name)
@@ -42,11 +44,14 @@ def run_overhead(backend_name: str, spec: ModelSpec, data: str, batch_size: int,
         module_raw = build_model(spec.name, in_shape, classes, **spec.kwargs)
 
         model_pf = backend.wrap_model(module_pf)
-        opt_pf = backend.wrap_optimizer(torch.optim.SGD(model_pf.parameters(), lr=LEARNING_RATE, momentum=0.9),
-                                        model_pf)
+        opt_pf = backend.wrap_optimizer(
+            torch.optim.SGD(model_pf.parameters(), lr=LEARNING_RATE, momentum=0.9), model_pf
+        )
         model_raw, opt_raw = raw.wrap(module_raw, device, LEARNING_RATE)
-        steps = {"paraflow": (make_step(model_pf, opt_pf, device), batches_pf),
-                 "raw": (make_step(model_raw, opt_raw, device), batches_raw)}
+        steps = {
+            "paraflow": (make_step(model_pf, opt_pf, device), batches_pf),
+            "raw": (make_step(model_raw, opt_raw, device), batches_raw),
+        }
 
         for _ in range(warmup):
             for step, batches in steps.values():
@@ -55,7 +60,7 @@ def run_overhead(backend_name: str, spec: ModelSpec, data: str, batch_size: int,
         backend.barrier()
         times = {"paraflow": [], "raw": []}
         for i in range(pairs):
-            for side in (("paraflow", "raw") if i % 2 == 0 else ("raw", "paraflow")):
+            for side in ("paraflow", "raw") if i % 2 == 0 else ("raw", "paraflow"):
                 step, batches = steps[side]
                 t0 = time.perf_counter()
                 step(*next(batches))
@@ -63,9 +68,16 @@ def run_overhead(backend_name: str, spec: ModelSpec, data: str, batch_size: int,
                 times[side].append(time.perf_counter() - t0)
         backend.barrier()
         result = {
-            "rank": backend.rank, "world_size": backend.world_size, "device": str(device),
-            "library": raw.library, "model": spec.label, "model_spec": str(spec), "pairs": pairs,
-            "warmup": warmup, "paraflow_step_s": times["paraflow"], "raw_step_s": times["raw"],
+            "rank": backend.rank,
+            "world_size": backend.world_size,
+            "device": str(device),
+            "library": raw.library,
+            "model": spec.label,
+            "model_spec": str(spec),
+            "pairs": pairs,
+            "warmup": warmup,
+            "paraflow_step_s": times["paraflow"],
+            "raw_step_s": times["raw"],
             "paraflow_wrapper": f"{type(model_pf).__name__} / {type(opt_pf).__name__}",
             "raw_wrapper": f"{type(model_raw).__name__} / {type(opt_raw).__name__}",
         }

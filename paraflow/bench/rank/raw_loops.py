@@ -26,6 +26,7 @@ class RawDDP:
     def init(self) -> None:
         """init_process_group from torchrun's variables; NCCL pins cuda:LOCAL_RANK first."""
         import torch.distributed as dist
+
         if self.transport == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group(self.transport, init_method="env://")
@@ -33,6 +34,7 @@ class RawDDP:
     def wrap(self, module: torch.nn.Module, device: torch.device, lr: float):
         """DDP around the module on `device`, plain SGD."""
         from torch.nn.parallel import DistributedDataParallel
+
         module = module.to(device)
         model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
         return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -40,6 +42,7 @@ class RawDDP:
     def shutdown(self) -> None:
         """Destroy the process group."""
         import torch.distributed as dist
+
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -52,11 +55,13 @@ class RawHorovod:
     def init(self) -> None:
         """hvd.init()."""
         import horovod.torch as hvd
+
         hvd.init()
 
     def wrap(self, module: torch.nn.Module, device: torch.device, lr: float):
         """Broadcast the initial parameters, wrap SGD in DistributedOptimizer."""
         import horovod.torch as hvd
+
         module = module.to(device)
         optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9)
         hvd.broadcast_parameters(module.state_dict(), root_rank=0)
@@ -66,6 +71,7 @@ class RawHorovod:
     def shutdown(self) -> None:
         """hvd.shutdown()."""
         import horovod.torch as hvd
+
         hvd.shutdown()
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Callable, ContextManager, Iterator
+from collections.abc import Iterator
+from typing import Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +21,16 @@ from ...examples.data import load_dataset
 from ...examples.models import build_model, count_parameters
 from ..driver.config import ModelSpec
 
-__all__ = ["run_training", "make_batches", "make_step", "local_update", "device_sync", "reset_peak_memory",
-           "peak_memory_bytes", "LEARNING_RATE"]
+__all__ = [
+    "run_training",
+    "make_batches",
+    "make_step",
+    "local_update",
+    "device_sync",
+    "reset_peak_memory",
+    "peak_memory_bytes",
+    "LEARNING_RATE",
+]
 
 LEARNING_RATE = 0.05
 #: Upper bound on timed steps however fast a step is.
@@ -60,6 +69,7 @@ def peak_memory_bytes(device: torch.device) -> int:
         pass
     import resource
     import sys
+
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
@@ -83,14 +93,15 @@ def make_batches(backend, data: str, batch_size: int, seed: int) -> tuple[Iterat
         while True:
             if start + batch_size > len(y):
                 start = 0
-            yield x[start:start + batch_size], y[start:start + batch_size]
+            yield x[start : start + batch_size], y[start : start + batch_size]
             start += batch_size
 
     return cycle(), tuple(x_all.shape[1:]), int(y_all.max()) + 1
 
 
-def make_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-              device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def make_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """One training step as every backend runs it: to device, zero grads, forward, backward, step."""
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -134,8 +145,9 @@ def timed_steps(backend, warm_step_s: list, min_steps: int, min_window_s: float)
     return int(max(min_steps, min(MAX_STEPS, math.ceil(min_window_s / max(slowest, 1e-6)))))
 
 
-def run_training(backend, spec: ModelSpec, data: str, batch_size: int, warmup: int, steps: int,
-                 seed: int, min_window_s: float = 0.0) -> dict:
+def run_training(
+    backend, spec: ModelSpec, data: str, batch_size: int, warmup: int, steps: int, seed: int, min_window_s: float = 0.0
+) -> dict:
     """Time the steps of `spec` under `backend` after `warmup` untimed ones; this rank's numbers.
 
     The timed window has at least `steps` steps and lasts at least about `min_window_s`; then,
@@ -150,8 +162,7 @@ def run_training(backend, spec: ModelSpec, data: str, batch_size: int, warmup: i
     parameters = count_parameters(module)
     grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
     model = backend.wrap_model(module)
-    optimizer = backend.wrap_optimizer(
-        torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
+    optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
     step = make_step(model, optimizer, device)
 
     warm_s = []
@@ -161,7 +172,7 @@ def run_training(backend, spec: ModelSpec, data: str, batch_size: int, warmup: i
         device_sync(device)
         warm_s.append(time.perf_counter() - t0)
     min_steps = steps
-    steps = timed_steps(backend, warm_s[len(warm_s) // 2:], min_steps, min_window_s)
+    steps = timed_steps(backend, warm_s[len(warm_s) // 2 :], min_steps, min_window_s)
     backend.barrier()
 
     step_s, losses = [], []
@@ -174,10 +185,20 @@ def run_training(backend, spec: ModelSpec, data: str, batch_size: int, warmup: i
         losses.append(loss)
     window_s = time.perf_counter() - window_start
     result = {
-        "model": spec.label, "model_spec": str(spec), "parameters": parameters, "grad_bytes": grad_bytes,
-        "batch_per_rank": batch_size, "samples_per_step": step_batch, "replicas": replicas(backend),
-        "warmup": warmup, "steps": steps, "min_window_s": min_window_s, "step_s": step_s, "window_s": window_s,
-        "losses": [float(l) for l in losses], "loss_step": min_steps,
+        "model": spec.label,
+        "model_spec": str(spec),
+        "parameters": parameters,
+        "grad_bytes": grad_bytes,
+        "batch_per_rank": batch_size,
+        "samples_per_step": step_batch,
+        "replicas": replicas(backend),
+        "warmup": warmup,
+        "steps": steps,
+        "min_window_s": min_window_s,
+        "step_s": step_s,
+        "window_s": window_s,
+        "losses": [float(loss) for loss in losses],
+        "loss_step": min_steps,
     }
 
     if backend.MULTI_PROCESS:
@@ -185,7 +206,7 @@ def run_training(backend, spec: ModelSpec, data: str, batch_size: int, warmup: i
         backend.barrier()
         sync_s, no_sync_s = [], []
         for i in range(max(1, (steps + 1) // 2)):
-            for synced in ((True, False) if i % 2 == 0 else (False, True)):
+            for synced in (True, False) if i % 2 == 0 else (False, True):
                 t0 = time.perf_counter()
                 if synced:
                     step(*next(batches))

@@ -29,6 +29,7 @@ def transport_of(backend) -> str:
         return transport
     if backend.name == "horovod":
         import horovod.torch as hvd
+
         return "mpi" if hvd.mpi_enabled() else "gloo"
     if backend.name == "dp" and backend.device.type == "cuda" and torch.cuda.device_count() > 1:
         return "cuda copies"
@@ -78,9 +79,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _meta(backend=None) -> dict:
     meta = {"host": socket.gethostname(), "pid": os.getpid(), "torch_threads": torch.get_num_threads()}
     if backend is not None:
-        meta.update(rank=backend.rank, world_size=backend.world_size, local_rank=backend.local_rank,
-                    local_world_size=backend.local_world_size, backend=backend.name,
-                    launcher=backend.launcher, transport=transport_of(backend), device=str(backend.device))
+        meta.update(
+            rank=backend.rank,
+            world_size=backend.world_size,
+            local_rank=backend.local_rank,
+            local_world_size=backend.local_world_size,
+            backend=backend.name,
+            launcher=backend.launcher,
+            transport=transport_of(backend),
+            device=str(backend.device),
+        )
     else:
         meta.update(rank=0, world_size=1, local_rank=0, local_world_size=1, device="cpu")
     return meta
@@ -91,6 +99,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.memcpy_sizes:
         from .memcpy import run_memcpy
+
         threads = args.threads or int(os.environ.get("PARAFLOW_NUM_THREADS", "1"))
         result = run_memcpy(args.memcpy_sizes, threads)
         RankFile(args.out, 0, _meta()).add("memcpy", result)
@@ -100,27 +109,40 @@ def main(argv=None) -> int:
         return 2
 
     from ..driver.config import ModelSpec
+
     if args.overhead:
         from .overhead import run_overhead
-        result = run_overhead(args.backend, ModelSpec.parse(args.overhead), args.data, args.batch_size,
-                              args.warmup, args.steps, args.seed)
-        meta = {"host": socket.gethostname(), "pid": os.getpid(), "torch_threads": torch.get_num_threads(),
-                "rank": result["rank"], "world_size": result["world_size"], "backend": args.backend,
-                "device": result["device"]}
+
+        result = run_overhead(
+            args.backend, ModelSpec.parse(args.overhead), args.data, args.batch_size, args.warmup, args.steps, args.seed
+        )
+        meta = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "torch_threads": torch.get_num_threads(),
+            "rank": result["rank"],
+            "world_size": result["world_size"],
+            "backend": args.backend,
+            "device": result["device"],
+        }
         RankFile(args.out, result["rank"], meta).add("overhead", result)
         return 0
 
     import paraflow
+
     from .train_loop import run_training
+
     with paraflow.init(args.backend) as backend:
         rank_file = RankFile(args.out, backend.rank, _meta(backend))
         for text in args.model:
             spec = ModelSpec.parse(text)
-            result = run_training(backend, spec, args.data, args.batch_size, args.warmup, args.steps, args.seed,
-                                  args.min_window)
+            result = run_training(
+                backend, spec, args.data, args.batch_size, args.warmup, args.steps, args.seed, args.min_window
+            )
             rank_file.add(f"train/{spec}", result)
         if args.allreduce_sizes:
             from .allreduce import run_allreduce
+
             rank_file.add("allreduce", run_allreduce(backend, args.allreduce_sizes))
     return 0
 

@@ -25,13 +25,14 @@ def _version(package: str) -> Optional[str]:
 def _mpi_version() -> str:
     import shutil
     import sys
+
     local = os.path.join(os.path.dirname(sys.executable), "mpirun")
     mpirun = local if os.access(local, os.X_OK) else shutil.which("mpirun")
     if not mpirun:
         return "not installed (no mpirun on PATH)"
     try:
         out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20)
-        lines = [l.strip() for l in (out.stdout or out.stderr).splitlines() if l.strip()]
+        lines = [line.strip() for line in (out.stdout or out.stderr).splitlines() if line.strip()]
         return lines[0] if lines else "unknown"
     except Exception as exc:  # not installed, or refused to start
         return f"not available ({exc})"
@@ -43,8 +44,12 @@ def _horovod() -> str:
         return "not installed"
     try:
         import horovod.torch as hvd
-        parts = [name for name, built in (("MPI", hvd.mpi_built()), ("gloo", hvd.gloo_built()),
-                                          ("NCCL", hvd.nccl_built())) if built]
+
+        parts = [
+            name
+            for name, built in (("MPI", hvd.mpi_built()), ("gloo", hvd.gloo_built()), ("NCCL", hvd.nccl_built()))
+            if built
+        ]
         return f"{version} (built with {', '.join(parts) or 'no controller'})"
     except Exception as exc:  # installed but its extension does not load
         return f"{version} (does not load: {exc})"
@@ -71,8 +76,10 @@ def collect_header(threads_per_process: dict, launchers: list, commands: list) -
     """
     import torch
     import torch.distributed as dist
+
     from ... import __version__
     from ...core.placement import cores
+
     gpu = "none"
     nccl = "not available (no CUDA)"
     if torch.cuda.is_available():
@@ -85,14 +92,23 @@ def collect_header(threads_per_process: dict, launchers: list, commands: list) -
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "host": socket.gethostname(),
-        "paraflow": __version__, "python": platform.python_version(),
-        "torch": torch.__version__, "horovod": _horovod(), "mpi": _mpi_version(),
-        "gloo": f"bundled with torch {torch.__version__}" if dist.is_available() and dist.is_gloo_available()
+        "paraflow": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "horovod": _horovod(),
+        "mpi": _mpi_version(),
+        "gloo": f"bundled with torch {torch.__version__}"
+        if dist.is_available() and dist.is_gloo_available()
         else "not available",
-        "nccl": nccl, "cpu": _cpu_model(), "gpu": gpu, "cores": cores(),
+        "nccl": nccl,
+        "cpu": _cpu_model(),
+        "gpu": gpu,
+        "cores": cores(),
         "threads_per_process": {str(k): v for k, v in sorted(threads_per_process.items())},
         "load_average_1min": {"start": round(os.getloadavg()[0], 2)},
-        "launchers": launchers, "commands": commands, "units": UNITS,
+        "launchers": launchers,
+        "commands": commands,
+        "units": UNITS,
     }
 
 
@@ -102,8 +118,10 @@ def busy_warning(header: dict) -> Optional[str]:
     busiest = max(v for v in (load.get("start"), load.get("end")) if v is not None)
     if busiest <= header["cores"]:
         return None
-    return (f"WARNING: this machine was busy (1-min load average up to {busiest:g} on {header['cores']} cores): "
-            "other processes competed for the CPU, so timings are noisy; rerun on a quiet machine to compare.")
+    return (
+        f"WARNING: this machine was busy (1-min load average up to {busiest:g} on {header['cores']} cores): "
+        "other processes competed for the CPU, so timings are noisy; rerun on a quiet machine to compare."
+    )
 
 
 def header_lines(header: dict, with_commands: bool = True) -> list[str]:

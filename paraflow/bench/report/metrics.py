@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 __all__ = [
-    "percentile", "step_summary", "slowest_rank_per_step", "throughput", "weak_scaling_efficiency",
-    "strong_scaling", "communication_overhead", "abstraction_overhead", "algbw", "busbw",
-    "bus_factor", "mean", "median_confidence_interval",
+    "percentile",
+    "step_summary",
+    "slowest_rank_per_step",
+    "throughput",
+    "weak_scaling_efficiency",
+    "strong_scaling",
+    "communication_overhead",
+    "abstraction_overhead",
+    "algbw",
+    "busbw",
+    "bus_factor",
+    "mean",
+    "median_confidence_interval",
 ]
 
 
@@ -32,8 +43,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def step_summary(step_times: Sequence[float]) -> dict:
     """Median, p10 and p90 of step times (seconds)."""
-    return {"median": statistics.median(step_times), "p10": percentile(step_times, 10),
-            "p90": percentile(step_times, 90)}
+    return {
+        "median": statistics.median(step_times),
+        "p10": percentile(step_times, 10),
+        "p90": percentile(step_times, 90),
+    }
 
 
 def slowest_rank_per_step(per_rank: Sequence[Sequence[float]]) -> list[float]:

@@ -8,11 +8,25 @@ from pathlib import Path
 
 from ...errors import MissingDependencyError
 from .header import header_lines
-from .tables import (ALLREDUCE_COLUMNS, ALLREDUCE_FOOTER_COLUMNS, MEMCPY_COLUMNS, OVERHEAD_COLUMNS,
-                     OVERHEAD_TARGET, TRAINING_COLUMNS, render)
+from .tables import (
+    ALLREDUCE_COLUMNS,
+    ALLREDUCE_FOOTER_COLUMNS,
+    MEMCPY_COLUMNS,
+    OVERHEAD_COLUMNS,
+    OVERHEAD_TARGET,
+    TRAINING_COLUMNS,
+    render,
+)
 
-__all__ = ["require_tabulate", "terminal_report", "markdown_report", "write_csvs", "write_json",
-           "CSV_TABLES", "DEFINITIONS"]
+__all__ = [
+    "require_tabulate",
+    "terminal_report",
+    "markdown_report",
+    "write_csvs",
+    "write_json",
+    "CSV_TABLES",
+    "DEFINITIONS",
+]
 
 INSTALL_HINT = "install the benchmark extras: `pip install 'paraflow[bench]'` (tabulate and matplotlib)"
 
@@ -26,9 +40,12 @@ CSV_TABLES = {
 }
 
 DEFINITIONS = [
-    "step time: per rank, after a device sync; a step takes as long as its slowest rank; median and p10/p90 over the timed steps.",
-    "samples/s: global samples in the timed window / the window's wall time (after warm-up and a barrier); per process = that / processes.",
-    "weak-scaling eff: fixed batch per rank; X_n / (n * X_1), X_1 = the single backend (one process, no wrapper) on the same model.",
+    "step time: per rank, after a device sync; a step takes as long as its slowest rank; "
+    "median and p10/p90 over the timed steps.",
+    "samples/s: global samples in the timed window / the window's wall time (after warm-up and a barrier); "
+    "per process = that / processes.",
+    "weak-scaling eff: fixed batch per rank; X_n / (n * X_1), X_1 = the single backend "
+    "(one process, no wrapper) on the same model.",
     "comm overhead: 1 - t_step(no gradient sync) / t_step(with it), medians of interleaved pairs of steps; the "
     "step without sync runs forward and backward under backend.no_sync and a local optimizer update "
     "(horovod's inside optimizer.skip_synchronize(), since its step() would reduce the skipped gradients).",
@@ -40,7 +57,8 @@ DEFINITIONS = [
     "busbw = algbw * 2(n-1)/n (nccl-tests); #wrong = elements differing from the exact expected sum; "
     "avg busbw = mean over sizes.",
     "memcpy: size / time of one buffer copy with the threads each rank uses (each byte counted once, like algbw).",
-    f"abstraction overhead: median step via paraflow / median step of the same loop set up by hand on the raw library - 1, "
+    "abstraction overhead: median step via paraflow / median step of the same loop set up by hand "
+    "on the raw library - 1, "
     f"steps interleaved in one run; paired: median over back-to-back pairs of the step-time ratio - 1, with a "
     f"distribution-free 95% confidence interval; within {OVERHEAD_TARGET:.0%}: yes if the interval lies at or below "
     f"the target, no if above, unresolved if noise hides it, always on a busy machine (reported, not enforced).",
@@ -52,7 +70,9 @@ def require_tabulate():
     try:
         from tabulate import tabulate
     except ImportError:
-        raise MissingDependencyError(f"the benchmark tables need tabulate, which is not installed; {INSTALL_HINT}.") from None
+        raise MissingDependencyError(
+            f"the benchmark tables need tabulate, which is not installed; {INSTALL_HINT}."
+        ) from None
     return tabulate
 
 
@@ -69,8 +89,11 @@ def _sections(results: dict, fmt: str) -> list:
     sections = []
     for (model,), rows in _by(tables["training"], ("model",)).items():
         first = next((r for r in rows if r["parameters"] is not None), rows[0])
-        about = (f"{first['parameters']:,} parameters, {first['grad_mb_per_step']} MB of gradients per step"
-                 if first["parameters"] is not None else "no result")
+        about = (
+            f"{first['parameters']:,} parameters, {first['grad_mb_per_step']} MB of gradients per step"
+            if first["parameters"] is not None
+            else "no result"
+        )
         sections.append((f"Training: {model} ({about})", render(rows, TRAINING_COLUMNS, fmt, drop=("model",))))
     footers = {(f["backend"], f["launcher"], f["processes"]): f for f in tables["allreduce_footer"]}
     for key, rows in _by(tables["allreduce"], ("backend", "launcher", "processes")).items():
@@ -78,15 +101,21 @@ def _sections(results: dict, fmt: str) -> list:
         text = render(rows, ALLREDUCE_COLUMNS, fmt, drop=("backend", "launcher", "processes"))
         if footer.get("avg_busbw_gbps") is not None:
             vs = footer.get("avg_busbw_vs_memcpy")
-            text += (f"\n\n # Avg bus bandwidth : {footer['avg_busbw_gbps']:g} GB/s"
-                     + (f" ({vs * 100:.1f}% of memcpy)" if vs is not None else "")
-                     + f"   # Out of bounds values : {footer['wrong']} {'OK' if footer['wrong'] == 0 else 'WRONG'}")
+            text += (
+                f"\n\n # Avg bus bandwidth : {footer['avg_busbw_gbps']:g} GB/s"
+                + (f" ({vs * 100:.1f}% of memcpy)" if vs is not None else "")
+                + f"   # Out of bounds values : {footer['wrong']} {'OK' if footer['wrong'] == 0 else 'WRONG'}"
+            )
         sections.append((f"Allreduce: {key[0]} under {key[1]}, {key[2]} processes", text))
     if tables["memcpy"]:
         sections.append(("Memory-copy bandwidth of this machine", render(tables["memcpy"], MEMCPY_COLUMNS, fmt)))
     if tables["overhead"]:
-        sections.append(("Abstraction overhead: paraflow against the same loop on the raw library",
-                         render(tables["overhead"], OVERHEAD_COLUMNS, fmt)))
+        sections.append(
+            (
+                "Abstraction overhead: paraflow against the same loop on the raw library",
+                render(tables["overhead"], OVERHEAD_COLUMNS, fmt),
+            )
+        )
     return sections
 
 

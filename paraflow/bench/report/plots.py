@@ -15,18 +15,20 @@ def require_pyplot():
     """matplotlib.pyplot on the Agg backend, or a clear error saying how to install it."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise MissingDependencyError(
             "the benchmark plots need matplotlib, which is not installed; install the benchmark extras: "
-            "`pip install 'paraflow[bench]'`, or run with --no-plots.") from None
+            "`pip install 'paraflow[bench]'`, or run with --no-plots."
+        ) from None
     return plt
 
 
 def size_label(size: int) -> str:
     """4096 -> 4K, 67108864 -> 64M (powers of 1024, as the sizes were given)."""
-    for unit, scale in (("G", 1024 ** 3), ("M", 1024 ** 2), ("K", 1024)):
+    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
         if size >= scale and size % scale == 0:
             return f"{size // scale}{unit}"
     return str(size)
@@ -40,8 +42,16 @@ def _footer(fig, header: dict) -> float:
         lines.append(warning)
     width = int(fig.get_figwidth() * 17)  # 6.5 pt monospace: about 17 characters per inch
     wrapped = [part for line in lines for part in textwrap.wrap(line, width, subsequent_indent="  ")]
-    fig.text(0.01, 0.01, "\n".join(wrapped), fontsize=6.5, family="monospace", va="bottom", ha="left",
-             color="#444444" if not warning else "#a01010")
+    fig.text(
+        0.01,
+        0.01,
+        "\n".join(wrapped),
+        fontsize=6.5,
+        family="monospace",
+        va="bottom",
+        ha="left",
+        color="#444444" if not warning else "#a01010",
+    )
     return (len(wrapped) * 0.115 + 0.15) / fig.get_figheight()
 
 
@@ -59,8 +69,13 @@ def _throughput(rows: list, header: dict, path: Path) -> None:
             series.setdefault(f"{r['backend']} · {r['launcher']}", []).append(r)
         for label, points in series.items():
             points.sort(key=lambda r: r["processes"])
-            ax.plot([p["processes"] for p in points], [p["samples_per_s"] for p in points],
-                    marker="o", linestyle="-" if len(points) > 1 else "none", label=label)
+            ax.plot(
+                [p["processes"] for p in points],
+                [p["samples_per_s"] for p in points],
+                marker="o",
+                linestyle="-" if len(points) > 1 else "none",
+                label=label,
+            )
         if base:
             ideal = [base["samples_per_s"] * n for n in counts]
             ax.plot(counts, ideal, color="grey", linestyle="--", linewidth=1, label="ideal: n × single")
@@ -88,8 +103,14 @@ def _busbw(rows: list, memcpy: list, header: dict, path: Path) -> None:
         ax.plot([p["size_bytes"] for p in points], [p["busbw_gbps"] for p in points], marker="o", label=label)
     for device in dict.fromkeys(r["device"] for r in memcpy):
         points = [r for r in memcpy if r["device"] == device]
-        ax.plot([p["size_bytes"] for p in points], [p["gbps"] for p in points], color="black", linestyle="--",
-                linewidth=1, label=f"memcpy on {device} ({points[0]['threads']} thread(s))")
+        ax.plot(
+            [p["size_bytes"] for p in points],
+            [p["gbps"] for p in points],
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"memcpy on {device} ({points[0]['threads']} thread(s))",
+        )
     sizes = sorted({r["size_bytes"] for r in ok} | {r["size_bytes"] for r in memcpy})
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

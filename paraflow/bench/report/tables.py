@@ -10,13 +10,23 @@ from __future__ import annotations
 import statistics
 from typing import Optional
 
-from . import metrics
 from ..driver.config import ModelSpec
+from . import metrics
 
 __all__ = [
-    "TRAINING_COLUMNS", "ALLREDUCE_COLUMNS", "ALLREDUCE_FOOTER_COLUMNS", "MEMCPY_COLUMNS",
-    "OVERHEAD_COLUMNS", "OVERHEAD_TARGET", "build_tables", "training_rows", "allreduce_rows",
-    "memcpy_rows", "overhead_rows", "render", "format_value",
+    "TRAINING_COLUMNS",
+    "ALLREDUCE_COLUMNS",
+    "ALLREDUCE_FOOTER_COLUMNS",
+    "MEMCPY_COLUMNS",
+    "OVERHEAD_COLUMNS",
+    "OVERHEAD_TARGET",
+    "build_tables",
+    "training_rows",
+    "allreduce_rows",
+    "memcpy_rows",
+    "overhead_rows",
+    "render",
+    "format_value",
 ]
 
 #: Abstraction overhead paraflow aims to stay within (reported, never asserted).
@@ -24,35 +34,88 @@ OVERHEAD_TARGET = 0.01
 
 # key -> header shown on the terminal and in Markdown; CSV uses the keys.
 TRAINING_COLUMNS = {
-    "model": "model", "backend": "backend", "launcher": "launcher", "transport": "transport",
-    "device": "device", "processes": "procs", "threads_per_process": "threads/proc",
-    "batch_per_rank": "batch/rank", "global_batch": "global batch", "parameters": "params",
-    "grad_mb_per_step": "grad MB/step", "step_ms_median": "step ms median", "step_ms_p10": "p10 ms",
-    "step_ms_p90": "p90 ms", "samples_per_s": "samples/s", "samples_per_s_per_process": "samples/s/proc",
-    "weak_scaling_efficiency": "weak-scaling eff", "comm_overhead": "comm overhead",
-    "peak_mem_mb": "peak mem MB", "final_loss": "final loss", "status": "status",
+    "model": "model",
+    "backend": "backend",
+    "launcher": "launcher",
+    "transport": "transport",
+    "device": "device",
+    "processes": "procs",
+    "threads_per_process": "threads/proc",
+    "batch_per_rank": "batch/rank",
+    "global_batch": "global batch",
+    "parameters": "params",
+    "grad_mb_per_step": "grad MB/step",
+    "step_ms_median": "step ms median",
+    "step_ms_p10": "p10 ms",
+    "step_ms_p90": "p90 ms",
+    "samples_per_s": "samples/s",
+    "samples_per_s_per_process": "samples/s/proc",
+    "weak_scaling_efficiency": "weak-scaling eff",
+    "comm_overhead": "comm overhead",
+    "peak_mem_mb": "peak mem MB",
+    "final_loss": "final loss",
+    "status": "status",
 }
 ALLREDUCE_COLUMNS = {
-    "backend": "backend", "launcher": "launcher", "transport": "transport", "processes": "procs",
-    "size_bytes": "size(B)", "count": "count", "dtype": "type", "time_us": "time(us)",
-    "algbw_gbps": "algbw(GB/s)", "busbw_gbps": "busbw(GB/s)", "wrong": "#wrong",
-    "memcpy_gbps": "memcpy(GB/s)", "busbw_vs_memcpy": "busbw/memcpy", "status": "status",
+    "backend": "backend",
+    "launcher": "launcher",
+    "transport": "transport",
+    "processes": "procs",
+    "size_bytes": "size(B)",
+    "count": "count",
+    "dtype": "type",
+    "time_us": "time(us)",
+    "algbw_gbps": "algbw(GB/s)",
+    "busbw_gbps": "busbw(GB/s)",
+    "wrong": "#wrong",
+    "memcpy_gbps": "memcpy(GB/s)",
+    "busbw_vs_memcpy": "busbw/memcpy",
+    "status": "status",
 }
 ALLREDUCE_FOOTER_COLUMNS = {
-    "backend": "backend", "launcher": "launcher", "transport": "transport", "processes": "procs",
-    "sizes": "sizes", "wrong": "#wrong", "avg_busbw_gbps": "avg busbw(GB/s)",
-    "avg_busbw_vs_memcpy": "avg busbw/memcpy", "status": "status",
+    "backend": "backend",
+    "launcher": "launcher",
+    "transport": "transport",
+    "processes": "procs",
+    "sizes": "sizes",
+    "wrong": "#wrong",
+    "avg_busbw_gbps": "avg busbw(GB/s)",
+    "avg_busbw_vs_memcpy": "avg busbw/memcpy",
+    "status": "status",
 }
-MEMCPY_COLUMNS = {"device": "device", "threads": "threads", "size_bytes": "size(B)", "time_us": "time(us)",
-                  "gbps": "copy(GB/s)"}
+MEMCPY_COLUMNS = {
+    "device": "device",
+    "threads": "threads",
+    "size_bytes": "size(B)",
+    "time_us": "time(us)",
+    "gbps": "copy(GB/s)",
+}
 OVERHEAD_COLUMNS = {
-    "backend": "backend", "library": "raw library", "launcher": "launcher", "processes": "procs",
-    "model": "model", "pairs": "pairs", "paraflow_step_ms_median": "paraflow step ms",
-    "raw_step_ms_median": "raw step ms", "abstraction_overhead": "overhead",
-    "paired_overhead": "paired overhead", "paired_ci_low": "95% CI low", "paired_ci_high": "95% CI high", "within_target": "within 1%", "status": "status",
+    "backend": "backend",
+    "library": "raw library",
+    "launcher": "launcher",
+    "processes": "procs",
+    "model": "model",
+    "pairs": "pairs",
+    "paraflow_step_ms_median": "paraflow step ms",
+    "raw_step_ms_median": "raw step ms",
+    "abstraction_overhead": "overhead",
+    "paired_overhead": "paired overhead",
+    "paired_ci_low": "95% CI low",
+    "paired_ci_high": "95% CI high",
+    "within_target": "within 1%",
+    "status": "status",
 }
-PERCENT_KEYS = {"weak_scaling_efficiency", "comm_overhead", "busbw_vs_memcpy", "avg_busbw_vs_memcpy",
-                "abstraction_overhead", "paired_overhead", "paired_ci_low", "paired_ci_high"}
+PERCENT_KEYS = {
+    "weak_scaling_efficiency",
+    "comm_overhead",
+    "busbw_vs_memcpy",
+    "avg_busbw_vs_memcpy",
+    "abstraction_overhead",
+    "paired_overhead",
+    "paired_ci_low",
+    "paired_ci_high",
+}
 SIGNED_PERCENT_KEYS = {"abstraction_overhead", "paired_overhead", "paired_ci_low", "paired_ci_high"}
 
 
@@ -83,9 +146,15 @@ def _train_row(cell: dict, spec: str, tasks: Optional[list]) -> dict:
     ranks = cell.get("ranks") or []
     first = ranks[0] if ranks else {}
     row = dict.fromkeys(TRAINING_COLUMNS)
-    row.update(model=ModelSpec.parse(spec).label, backend=cell["backend"], launcher=cell["launcher"], processes=cell["nproc"],
-               transport=first.get("transport"), device=_device(first["device"]) if first.get("device") else None,
-               threads_per_process=first.get("torch_threads", cell["threads"]))
+    row.update(
+        model=ModelSpec.parse(spec).label,
+        backend=cell["backend"],
+        launcher=cell["launcher"],
+        processes=cell["nproc"],
+        transport=first.get("transport"),
+        device=_device(first["device"]) if first.get("device") else None,
+        threads_per_process=first.get("torch_threads", cell["threads"]),
+    )
     if tasks is None:
         row["status"] = _status(cell) if cell["status"] != "ok" else "failed: a rank has no result for this model"
         return row
@@ -101,11 +170,17 @@ def _train_row(cell: dict, spec: str, tasks: Optional[list]) -> dict:
         without = _step_stats(tasks, "no_sync_step_s")["median"]
         comm = metrics.communication_overhead(without, with_sync)
     row.update(
-        model=t0["model"], batch_per_rank=t0["batch_per_rank"], global_batch=global_batch,
-        parameters=t0["parameters"], grad_mb_per_step=_r(t0["grad_bytes"] / 1e6, 3),
-        step_ms_median=_r(sync["median"] * 1e3, 3), step_ms_p10=_r(sync["p10"] * 1e3, 3),
-        step_ms_p90=_r(sync["p90"] * 1e3, 3), samples_per_s=_r(x, 1),
-        samples_per_s_per_process=_r(x / cell["nproc"], 1), comm_overhead=_r(comm, 4),
+        model=t0["model"],
+        batch_per_rank=t0["batch_per_rank"],
+        global_batch=global_batch,
+        parameters=t0["parameters"],
+        grad_mb_per_step=_r(t0["grad_bytes"] / 1e6, 3),
+        step_ms_median=_r(sync["median"] * 1e3, 3),
+        step_ms_p10=_r(sync["p10"] * 1e3, 3),
+        step_ms_p90=_r(sync["p90"] * 1e3, 3),
+        samples_per_s=_r(x, 1),
+        samples_per_s_per_process=_r(x / cell["nproc"], 1),
+        comm_overhead=_r(comm, 4),
         peak_mem_mb=_r(max(t["peak_memory_bytes"] for t in tasks) / 1e6, 1),
         final_loss=_r(statistics.fmean(t["losses"][t.get("loss_step", len(t["losses"])) - 1] for t in tasks), 4),
         status="ok",
@@ -127,13 +202,11 @@ def training_rows(cells: list) -> list:
             continue
         for spec in cell["models"]:
             rows.append(_train_row(cell, spec, _task(cell, f"train/{spec}")))
-    baselines = {(r["model"], r["device"]): r["_x"] for r in rows
-                 if r["backend"] == "single" and r["status"] == "ok"}
+    baselines = {(r["model"], r["device"]): r["_x"] for r in rows if r["backend"] == "single" and r["status"] == "ok"}
     for row in rows:
         x_1 = baselines.get((row["model"], row["device"]))
         if row["status"] == "ok" and x_1:
-            row["weak_scaling_efficiency"] = _r(
-                metrics.weak_scaling_efficiency(row["_x"], row["_replicas"], x_1), 4)
+            row["weak_scaling_efficiency"] = _r(metrics.weak_scaling_efficiency(row["_x"], row["_replicas"], x_1), 4)
         row.pop("_x", None)
         row.pop("_replicas", None)
     order = {spec: i for i, spec in enumerate(dict.fromkeys(r["model"] for r in rows))}
@@ -150,9 +223,15 @@ def memcpy_rows(cells: list) -> list:
             continue
         for device, sizes in tasks[0]["devices"].items():
             for s in sizes:
-                rows.append({"device": device, "threads": tasks[0]["threads"], "size_bytes": s["bytes"],
-                             "time_us": _r(s["time_s"] * 1e6, 3),
-                             "gbps": _r(s["bytes"] / s["time_s"] / 1e9, 4)})
+                rows.append(
+                    {
+                        "device": device,
+                        "threads": tasks[0]["threads"],
+                        "size_bytes": s["bytes"],
+                        "time_us": _r(s["time_s"] * 1e6, 3),
+                        "gbps": _r(s["bytes"] / s["time_s"] / 1e9, 4),
+                    }
+                )
     return rows
 
 
@@ -168,8 +247,12 @@ def allreduce_rows(cells: list, memcpy: Optional[list] = None) -> tuple[list, li
         if cell["kind"] != "train" or not cell.get("allreduce"):
             continue
         first = (cell.get("ranks") or [{}])[0]
-        ident = {"backend": cell["backend"], "launcher": cell["launcher"], "transport": first.get("transport"),
-                 "processes": cell["nproc"]}
+        ident = {
+            "backend": cell["backend"],
+            "launcher": cell["launcher"],
+            "transport": first.get("transport"),
+            "processes": cell["nproc"],
+        }
         tasks = _task(cell, "allreduce")
         if tasks is None:
             status = _status(cell) if cell["status"] != "ok" else "failed: a rank has no allreduce result"
@@ -189,13 +272,31 @@ def allreduce_rows(cells: list, memcpy: Optional[list] = None) -> tuple[list, li
             if ratio is not None:
                 ratios.append(ratio)
             wrong_total += wrong
-            rows.append({**ident, "size_bytes": size["bytes"], "count": size["count"], "dtype": size["dtype"],
-                         "time_us": _r(t * 1e6, 2), "algbw_gbps": _r(metrics.algbw(size["bytes"], t) / 1e9, 4),
-                         "busbw_gbps": _r(bus, 4), "wrong": wrong, "memcpy_gbps": copy,
-                         "busbw_vs_memcpy": _r(ratio, 4), "status": "ok"})
-        footers.append({**ident, "sizes": len(busbws), "wrong": wrong_total,
-                        "avg_busbw_gbps": _r(metrics.mean(busbws), 4),
-                        "avg_busbw_vs_memcpy": _r(metrics.mean(ratios), 4), "status": "ok"})
+            rows.append(
+                {
+                    **ident,
+                    "size_bytes": size["bytes"],
+                    "count": size["count"],
+                    "dtype": size["dtype"],
+                    "time_us": _r(t * 1e6, 2),
+                    "algbw_gbps": _r(metrics.algbw(size["bytes"], t) / 1e9, 4),
+                    "busbw_gbps": _r(bus, 4),
+                    "wrong": wrong,
+                    "memcpy_gbps": copy,
+                    "busbw_vs_memcpy": _r(ratio, 4),
+                    "status": "ok",
+                }
+            )
+        footers.append(
+            {
+                **ident,
+                "sizes": len(busbws),
+                "wrong": wrong_total,
+                "avg_busbw_gbps": _r(metrics.mean(busbws), 4),
+                "avg_busbw_vs_memcpy": _r(metrics.mean(ratios), 4),
+                "status": "ok",
+            }
+        )
     return rows, footers
 
 
@@ -213,8 +314,12 @@ def overhead_rows(cells: list, busy: bool = False) -> list:
     for cell in cells:
         if cell["kind"] != "overhead":
             continue
-        ident = {"backend": cell["backend"], "launcher": cell["launcher"], "processes": cell["nproc"],
-                 "model": cell["models"][0] if cell["models"] else None}
+        ident = {
+            "backend": cell["backend"],
+            "launcher": cell["launcher"],
+            "processes": cell["nproc"],
+            "model": cell["models"][0] if cell["models"] else None,
+        }
         tasks = _task(cell, "overhead")
         if tasks is None:
             status = _status(cell) if cell["status"] != "ok" else "failed: a rank has no overhead result"
@@ -223,18 +328,31 @@ def overhead_rows(cells: list, busy: bool = False) -> list:
         pf = _step_stats(tasks, "paraflow_step_s")
         raw = _step_stats(tasks, "raw_step_s")
         ratio = metrics.abstraction_overhead(pf["median"], raw["median"])
-        pairs = zip(metrics.slowest_rank_per_step([t["paraflow_step_s"] for t in tasks]),
-                    metrics.slowest_rank_per_step([t["raw_step_s"] for t in tasks]))
+        pairs = zip(
+            metrics.slowest_rank_per_step([t["paraflow_step_s"] for t in tasks]),
+            metrics.slowest_rank_per_step([t["raw_step_s"] for t in tasks]),
+        )
         ratios = [metrics.abstraction_overhead(p, r) for p, r in pairs]
         low, high = metrics.median_confidence_interval(ratios)
         verdict = "yes" if high <= OVERHEAD_TARGET else "no" if low > OVERHEAD_TARGET else "unresolved"
         if busy:
             verdict = "unresolved: busy machine"
-        rows.append({**ident, "library": tasks[0]["library"], "model": tasks[0]["model"],
-                     "pairs": tasks[0]["pairs"], "paraflow_step_ms_median": _r(pf["median"] * 1e3, 4),
-                     "raw_step_ms_median": _r(raw["median"] * 1e3, 4), "abstraction_overhead": _r(ratio, 4),
-                     "paired_overhead": _r(statistics.median(ratios), 4), "paired_ci_low": _r(low, 4),
-                     "paired_ci_high": _r(high, 4), "within_target": verdict, "status": "ok"})
+        rows.append(
+            {
+                **ident,
+                "library": tasks[0]["library"],
+                "model": tasks[0]["model"],
+                "pairs": tasks[0]["pairs"],
+                "paraflow_step_ms_median": _r(pf["median"] * 1e3, 4),
+                "raw_step_ms_median": _r(raw["median"] * 1e3, 4),
+                "abstraction_overhead": _r(ratio, 4),
+                "paired_overhead": _r(statistics.median(ratios), 4),
+                "paired_ci_low": _r(low, 4),
+                "paired_ci_high": _r(high, 4),
+                "within_target": verdict,
+                "status": "ok",
+            }
+        )
     return rows
 
 
@@ -245,11 +363,17 @@ def build_tables(cells: list, header: Optional[dict] = None) -> dict:
     overhead verdict.
     """
     from .header import busy_warning
+
     memcpy = memcpy_rows(cells)
     allreduce, footers = allreduce_rows(cells, memcpy)
     busy = header is not None and busy_warning(header) is not None
-    return {"training": training_rows(cells), "allreduce": allreduce, "allreduce_footer": footers,
-            "memcpy": memcpy, "overhead": overhead_rows(cells, busy)}
+    return {
+        "training": training_rows(cells),
+        "allreduce": allreduce,
+        "allreduce_footer": footers,
+        "memcpy": memcpy,
+        "overhead": overhead_rows(cells, busy),
+    }
 
 
 def format_value(key: str, value) -> str:
@@ -270,6 +394,7 @@ def format_value(key: str, value) -> str:
 def render(rows: list, columns: dict, fmt: str = "simple", drop: tuple = (), max_status: int = 60) -> str:
     """`rows` as text with tabulate (`fmt` "simple" for the terminal, "github" for Markdown)."""
     from .outputs import require_tabulate
+
     tabulate = require_tabulate()
     keys = [k for k in columns if k not in drop]
     body = []
@@ -278,7 +403,7 @@ def render(rows: list, columns: dict, fmt: str = "simple", drop: tuple = (), max
         for k in keys:
             text = format_value(k, row.get(k))
             if k == "status" and len(text) > max_status:
-                text = text[:max_status - 1] + "…"
+                text = text[: max_status - 1] + "…"
             if fmt == "github":
                 text = text.replace("|", "\\|")
             line.append(text)

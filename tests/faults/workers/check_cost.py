@@ -29,8 +29,8 @@ def main(name: str, repeats: int) -> None:
         for size in SIZES:
             x = torch.ones(size)
             n = max(5, repeats // max(1, size // 1000))
-            checked = lambda: backend.allreduce(x, op="sum")  # noqa: E731
-            unchecked = lambda: backend._allreduce(x.clone(), "sum")  # noqa: E731
+            checked = lambda x=x: backend.allreduce(x, op="sum")  # noqa: E731
+            unchecked = lambda x=x: backend._allreduce(x.clone(), "sum")  # noqa: E731
             for call in (checked, unchecked):
                 per_call_us(call, max(2, n // 10))  # warm-up
             rounds = [(per_call_us(checked, n), per_call_us(unchecked, n)) for _ in range(7)]
@@ -38,8 +38,11 @@ def main(name: str, repeats: int) -> None:
             if backend.is_main:
                 with_check = statistics.median(r[0] for r in rounds)
                 without = statistics.median(r[1] for r in rounds)
-                print(f"{name} {size:>9} float32: checked {with_check:9.1f} us  unchecked {without:9.1f} us  "
-                      f"check costs {with_check - without:8.1f} us ({with_check / without - 1:+.0%})", flush=True)
+                print(
+                    f"{name} {size:>9} float32: checked {with_check:9.1f} us  unchecked {without:9.1f} us  "
+                    f"check costs {with_check - without:8.1f} us ({with_check / without - 1:+.0%})",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ import sys
 import time
 
 import torch
+from report import emit
 
 import paraflow
-from report import emit
 
 
 def _ones(shape, dtype=torch.float32):
@@ -24,8 +24,10 @@ def _ones(shape, dtype=torch.float32):
 CASES = {
     "allreduce-shape": (lambda b: b.allreduce(_ones(3), op="sum"), lambda b: b.allreduce(_ones(4), op="sum")),
     "allreduce-ndim": (lambda b: b.allreduce(_ones(4), op="sum"), lambda b: b.allreduce(_ones((2, 2)), op="sum")),
-    "allreduce-dtype": (lambda b: b.allreduce(_ones(4), op="sum"),
-                        lambda b: b.allreduce(_ones(4, torch.float64), op="sum")),
+    "allreduce-dtype": (
+        lambda b: b.allreduce(_ones(4), op="sum"),
+        lambda b: b.allreduce(_ones(4, torch.float64), op="sum"),
+    ),
     "allreduce-op": (lambda b: b.allreduce(_ones(4), op="sum"), lambda b: b.allreduce(_ones(4), op="max")),
     "broadcast-shape": (lambda b: b.broadcast(_ones(3)), lambda b: b.broadcast(_ones(4))),
     "broadcast-ndim": (lambda b: b.broadcast(_ones(4)), lambda b: b.broadcast(_ones((2, 2)))),
@@ -50,13 +52,20 @@ def main(name: str, cases: list) -> None:
                 outcome, kind, message = "ok", None, None
             except Exception as exc:  # noqa: BLE001 - reported to the test
                 outcome, kind, message = "error", type(exc).__name__, str(exc)
-            emit({"rank": backend.rank, "case": case, "outcome": outcome, "type": kind,
-                                         "message": message, "seconds": time.perf_counter() - start})
+            emit(
+                {
+                    "rank": backend.rank,
+                    "case": case,
+                    "outcome": outcome,
+                    "type": kind,
+                    "message": message,
+                    "seconds": time.perf_counter() - start,
+                }
+            )
         total = backend.allreduce(torch.tensor([1.0]), op="sum").item()
         dist = torch.distributed
         level = str(dist.get_debug_level()) if dist.is_available() and dist.is_initialized() else None
-        emit({"rank": backend.rank, "case": "final", "outcome": "ok", "sum": total,
-                                     "torch_debug_level": level})
+        emit({"rank": backend.rank, "case": "final", "outcome": "ok", "sum": total, "torch_debug_level": level})
 
 
 if __name__ == "__main__":

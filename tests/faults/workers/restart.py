@@ -14,10 +14,10 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from report import emit
 
 import paraflow
 from paraflow.examples.models import build_model
-from report import emit
 
 
 def main(name: str, checkpoint: str, out: str, steps: int, save_every: int, kill_step: int) -> None:

@@ -9,9 +9,9 @@ import sys
 import time
 
 import torch
+from report import emit
 
 import paraflow
-from report import emit
 
 
 def main(name: str) -> None:
@@ -21,8 +21,12 @@ def main(name: str) -> None:
             backend.allreduce(torch.ones(1), op="sum")
             fields = {"rank": backend.rank, "outcome": "ok"}
     except Exception as exc:
-        fields = {"outcome": "error", "type": type(exc).__name__, "message": str(exc),
-                  "paraflow": isinstance(exc, paraflow.ParaflowError)}
+        fields = {
+            "outcome": "error",
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "paraflow": isinstance(exc, paraflow.ParaflowError),
+        }
         raise
     finally:
         fields["seconds"] = time.perf_counter() - start

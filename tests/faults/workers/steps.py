@@ -20,11 +20,11 @@ import time
 
 import torch
 import torch.nn.functional as F
+from report import emit
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import paraflow
 from paraflow.examples.models import build_model
-from report import emit
 
 
 def event(**fields) -> None:
@@ -68,8 +68,7 @@ def main(name: str, steps: int, fault: str = "none", fault_rank: int = -1, fault
                 backend.allreduce(loss.detach(), op="mean")
             event(rank=rank, done=True, steps=steps)
     except BaseException as exc:
-        event(rank=rank, error=type(exc).__name__, message=str(exc),
-              paraflow=isinstance(exc, paraflow.ParaflowError))
+        event(rank=rank, error=type(exc).__name__, message=str(exc), paraflow=isinstance(exc, paraflow.ParaflowError))
         raise
 
 

@@ -11,10 +11,10 @@ import time
 
 import torch
 import torch.nn.functional as F
+from report import emit
 from torch import nn
 
 import paraflow
-from report import emit
 
 
 class PartlyUsed(nn.Module):
