@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 
 from ..environment.launchers import ProcessEnvironment, detect_environment
 from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError
-from ..reliability.failures import abort_mpi_job_on_uncaught_error
+from ..reliability.mpi_abort import abort_mpi_job_on_uncaught_error
 from ..training.precision import GradScaler, autocast, check_precision, check_precision_on
 from ..training.sampler import ShardSampler
 from .collectives import Collectives

@@ -2,7 +2,7 @@
 
 The public calls check their input, agree across ranks on what is called
 (:mod:`paraflow.reliability.collective_check`) and translate communication failures
-(:mod:`paraflow.reliability.failures`); a backend implements only ``_allreduce``,
+(:mod:`paraflow.reliability.translation`); a backend implements only ``_allreduce``,
 ``_broadcast``, ``_allgather`` and optionally ``_barrier``.
 """
 
@@ -17,7 +17,7 @@ import torch
 
 from ..errors import ConfigurationError
 from ..reliability.collective_check import check_collective
-from ..reliability.failures import collective_errors
+from ..reliability.translation import collective_errors
 from .options import REDUCE_OPS
 
 __all__ = ["Collectives", "LocalCollectives"]
@@ -62,7 +62,7 @@ class Collectives(abc.ABC):
     @contextlib.contextmanager
     def _guard(self, collective: str, tensor: Optional[torch.Tensor] = None, **arguments: Any) -> Iterator[None]:
         """Around one collective: all ranks must agree on it (paraflow.reliability.collective_check), and
-        communication failures leave as paraflow errors (paraflow.reliability.failures)."""
+        communication failures leave as paraflow errors (paraflow.reliability.translation)."""
         with collective_errors(self, collective):
             if self.world_size > 1:
                 check_collective(self, collective, tensor, **arguments)

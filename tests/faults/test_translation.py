@@ -3,14 +3,11 @@
 import pytest
 import torch
 
+from paraflow.backends.ddp.checked import unused_parameters_error
 from paraflow.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError, LauncherError
 from paraflow.reliability.collective_check import DESCRIPTOR_WORDS, _Descriptor, _encode, _mismatch, describe
-from paraflow.reliability.failures import (
-    call_with_deadline,
-    startup_errors,
-    translate_collective_error,
-    unused_parameters_error,
-)
+from paraflow.reliability.deadlines import call_with_deadline
+from paraflow.reliability.translation import startup_errors, translate_collective_error
 
 GLOO_TIMEOUT = RuntimeError(
     "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete"
@@ -145,7 +142,7 @@ def test_horovod_shut_down_after_the_whole_timeout_counts_as_a_timeout():
 def test_an_inner_translation_is_renamed_after_the_users_collective():
     from types import SimpleNamespace
 
-    from paraflow.reliability.failures import collective_errors
+    from paraflow.reliability.translation import collective_errors
 
     backend = SimpleNamespace(rank=1, world_size=2, name="horovod", timeout=10)
     inner = translate(GLOO_TIMEOUT)  # what a backend's own step raised, named after that step
@@ -156,7 +153,7 @@ def test_an_inner_translation_is_renamed_after_the_users_collective():
 
 
 def test_wait_until_returns_when_done_and_fails_after_the_deadline():
-    from paraflow.reliability.failures import wait_until
+    from paraflow.reliability.deadlines import wait_until
 
     calls = iter([False, False, True])
     wait_until(lambda: next(calls), 5, "polling")

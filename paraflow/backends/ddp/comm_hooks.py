@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ...reliability.failures import DeadlineExceeded, wait_until
+from ...reliability.deadlines import DeadlineExceeded, wait_until
 
 __all__ = ["compress_hook", "pending_continuations", "release_continuations", "tracked_then"]
 

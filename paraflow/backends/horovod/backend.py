@@ -21,7 +21,8 @@ from ...core.backend import Backend
 from ...environment.launchers import ProcessEnvironment
 from ...environment.scoped_env import ScopedEnv
 from ...errors import CollectiveError, ConfigurationError, ParaflowError
-from ...reliability.failures import translate_collective_error, wait_until
+from ...reliability.deadlines import wait_until
+from ...reliability.translation import translate_collective_error
 from .imports import horovod_missing_reason, import_horovod
 from .start import check_horovod_world, choose_controller, note_mpi_shut_down, set_knobs, start_gloo, start_mpi
 
@@ -383,7 +384,7 @@ class HorovodBackend(Backend):
         except ValueError as exc:  # horovod refuses the tensor itself (dtype, layout)
             raise ConfigurationError(f"horovod cannot run the {what}: {exc}") from exc
         except RuntimeError as exc:  # HorovodInternalError: ranks disagree, or the job broke
-            translated = translate_collective_error(  # a timeout or a lost rank: paraflow.reliability.failures
+            translated = translate_collective_error(  # a timeout or a lost rank: paraflow.reliability.translation
                 exc,
                 collective=f"horovod {what}",
                 rank=self.rank,

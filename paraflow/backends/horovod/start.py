@@ -15,7 +15,8 @@ from typing import Optional
 from ...environment.launchers import ProcessEnvironment
 from ...environment.scoped_env import ScopedEnv
 from ...errors import BackendUnavailableError, ConfigurationError, LauncherError
-from ...reliability.failures import call_with_deadline, startup_errors
+from ...reliability.deadlines import call_with_deadline
+from ...reliability.translation import startup_errors
 
 __all__ = [
     "launch_commands",

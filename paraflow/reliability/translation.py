@@ -10,38 +10,17 @@ world size. The original exception stays chained (``raise ... from``).
 from __future__ import annotations
 
 import contextlib
-import datetime
-import os
 import re
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Optional
 
-from torch.nn.parallel import DistributedDataParallel
-
-from ..errors import CollectiveError, CollectiveTimeoutError, ConfigurationError, LauncherError, ParaflowError
+from ..errors import CollectiveError, CollectiveTimeoutError, LauncherError, ParaflowError
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from ..core.backend import Backend
 
-__all__ = [
-    "collective_errors",
-    "translate_collective_error",
-    "startup_errors",
-    "call_with_deadline",
-    "wait_until",
-    "DeadlineExceeded",
-    "abort_mpi_job_on_uncaught_error",
-    "store_for_this_attempt",
-    "unused_parameters_error",
-    "CheckedDistributedDataParallel",
-    "is_timeout",
-    "is_peer_lost",
-]
+__all__ = ["collective_errors", "translate_collective_error", "startup_errors", "is_timeout", "is_peer_lost"]
 
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded|stalled", re.IGNORECASE)
 _PEER_LOST = re.compile(
@@ -52,8 +31,6 @@ _PEER_LOST = re.compile(
 )
 _CLIENTS_JOINED = re.compile(r"(\d+)/(\d+) clients joined")
 _ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
-_UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank \d+: ([^\n]+)")
-_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
 
 
 def is_timeout(exc: BaseException) -> bool:
@@ -193,144 +170,3 @@ def startup_errors(
                 f"{endpoint}."
             ) from exc
         raise
-
-
-_T = TypeVar("_T")
-
-
-class DeadlineExceeded(RuntimeError):
-    """A blocking call that did not return in time (its message says "timed out")."""
-
-
-def call_with_deadline(fn: Callable[[], _T], seconds: float, what: str) -> _T:
-    """Run `fn` in a helper thread and return its result, or raise once `seconds` have passed.
-
-    For calls that can block without a timeout of their own (a rendezvous client talking to a
-    port that another program holds). On expiry the thread is left blocked as a daemon; the
-    caller is expected to fail.
-    """
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, name=f"paraflow {what}", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        raise DeadlineExceeded(f"{what} timed out after {seconds:g} s")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
-def wait_until(done: Callable[[], bool], seconds: float, what: str) -> None:
-    """Poll `done` (backing off from 10 µs to 0.2 ms) until it is true; fail once `seconds` have passed.
-
-    For libraries whose own wait has no timeout (a horovod handle under the MPI controller).
-
-    Raises:
-        RuntimeError: saying "`what` timed out after `seconds` s" (translated by
-            :func:`collective_errors` into CollectiveTimeoutError).
-    """
-    deadline = time.monotonic() + seconds
-    pause = 1e-5
-    while not done():
-        if time.monotonic() > deadline:
-            raise DeadlineExceeded(f"{what} timed out after {seconds:g} s")
-        time.sleep(pause)
-        pause = min(2 * pause, 2e-4)
-
-
-def unused_parameters_error(
-    exc: BaseException, module: nn.Module, rank: int, option_hint: str
-) -> Optional[ConfigurationError]:
-    """The paraflow error for DDP's "parameters that were not used in producing loss", or None.
-
-    Args:
-        exc: what DistributedDataParallel raised.
-        module: the user's module inside the DDP wrapper, to name parameters by index.
-        rank: this process's global rank.
-        option_hint: how to pass find_unused_parameters with this backend.
-    """
-    text = str(exc)
-    if "find_unused_parameters" not in text:
-        return None
-    names = _UNUSED_NAMES.search(text)
-    if names:
-        unused = names.group(1).strip()
-    else:
-        indices = _UNUSED_INDICES.search(text)
-        trained = [n for n, p in module.named_parameters() if p.requires_grad]
-        numbers = [int(i) for i in indices.group(1).split()] if indices else []
-        picked = [trained[i] for i in numbers if i < len(trained)]
-        unused = ", ".join(picked) or "(see the error below)"
-    return ConfigurationError(
-        f"rank {rank}: parameters received no gradient in the last backward pass: {unused}. "
-        f"DistributedDataParallel must be told: pass find_unused_parameters=True "
-        f"({option_hint}); it costs one extra walk over the autograd graph per step. Or make "
-        f"every parameter contribute to the loss, or freeze the unused ones with "
-        f"requires_grad=False before wrap_model. Horovod needs no option: its "
-        f"DistributedOptimizer allreduces a zero gradient for a parameter that got none (so "
-        f"momentum and weight decay still move it); freeze such parameters there too."
-    )
-
-
-def store_for_this_attempt(address: str, port: int, world_size: int, timeout: float):
-    """torchrun's agent store under a prefix for this restart attempt, or None without an agent store.
-
-    torchrun's static rendezvous (the default with --master_addr/--master_port) keeps one store
-    across restarts and torch adds no per-attempt prefix, so a restarted rank can read the
-    address a killed rank published before and fail to connect (seen here in about half the
-    restarts). A prefix per TORCHELASTIC_RESTART_COUNT keeps the attempts apart.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    import torch.distributed as dist
-
-    store = dist.TCPStore(address, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout))
-    return dist.PrefixStore(f"/paraflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-
-
-def abort_mpi_job_on_uncaught_error() -> None:
-    """Under MPI, make an uncaught exception abort the whole job once its traceback is printed.
-
-    Otherwise the failing rank waits at exit in MPI_Finalize for ranks that may never get there
-    (one that is stopped, or blocked in a collective), and the job hangs. Acts only when mpi4py
-    has started MPI in this process; safe to call more than once.
-    """
-    previous = sys.excepthook
-    if getattr(previous, "paraflow_aborts_mpi", False):
-        return
-
-    def excepthook(kind, value, traceback) -> None:
-        previous(kind, value, traceback)
-        mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            mpi.COMM_WORLD.Abort(1)
-
-    excepthook.paraflow_aborts_mpi = True
-    sys.excepthook = excepthook
-
-
-class CheckedDistributedDataParallel(DistributedDataParallel):
-    """torch's DistributedDataParallel, whose unused-parameter error names the parameters and
-    says how to pass find_unused_parameters through paraflow."""
-
-    paraflow_backend_name = "ddp"
-
-    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        """DistributedDataParallel.forward, with its unused-parameter error translated."""
-        try:
-            return super().forward(*inputs, **kwargs)
-        except RuntimeError as exc:
-            hint = f"paraflow.init({self.paraflow_backend_name!r}, find_unused_parameters=True)"
-            error = unused_parameters_error(exc, self.module, self.process_group.rank(), hint)
-            if error is None:
-                raise
-            raise error from exc

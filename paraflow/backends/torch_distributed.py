@@ -1,0 +1,177 @@
+"""What every torch.distributed backend shares: the process-group start and torch's collectives.
+
+DDP and FSDP differ only in how they wrap the model; the process group (gloo or NCCL), the
+rendezvous under each launcher (a per-attempt store under torchrun restarts, a bounded start),
+and the collectives behind paraflow's public calls live here once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..core.backend import Backend
+from ..environment.rendezvous import resolve_master
+from ..errors import ConfigurationError
+from ..reliability.deadlines import call_with_deadline
+from ..reliability.debug import debug_enabled, enable_torch_debug
+from ..reliability.translation import startup_errors
+
+__all__ = ["TorchDistributedBackend", "store_for_this_attempt"]
+
+_TORCH_OPS = {"sum": "SUM", "mean": "SUM", "min": "MIN", "max": "MAX"}
+
+
+class TorchDistributedBackend(Backend):
+    """A backend whose processes talk through a torch.distributed process group.
+
+    Options:
+        process_group: "nccl", "gloo" or "auto" (NCCL when CUDA is available, else gloo).
+    """
+
+    OPTIONS = frozenset({"process_group"})
+
+    def __init__(self, name: str, *, process_group: str = "auto", **options: Any) -> None:
+        super().__init__(name, **options)
+        if process_group not in ("auto", "gloo", "nccl"):
+            raise ConfigurationError(f"process_group {process_group!r} is not 'auto', 'gloo' or 'nccl'.")
+        self.process_group = process_group
+        self._owns_group = False
+
+    @classmethod
+    def unavailable_reason(cls, process_group: str = "auto", **_: Any) -> Optional[str]:
+        """Why this process group cannot run here, or None."""
+        if not dist.is_available():
+            return "this torch build has no torch.distributed"
+        if process_group == "nccl":
+            if not torch.cuda.is_available():
+                return (
+                    f"NCCL needs CUDA, but torch {torch.__version__} sees no GPU; "
+                    "use --backend ddp-gloo (or ddp, which picks gloo here)"
+                )
+            if not dist.is_nccl_available():
+                return "this torch build has no NCCL; use --backend ddp-gloo"
+        if process_group == "gloo" and not dist.is_gloo_available():
+            return "this torch build has no gloo; use --backend ddp-nccl on a GPU host"
+        return None
+
+    def _presets(self) -> dict:
+        return {"process_group": self.process_group}
+
+    @property
+    def transport(self) -> str:
+        """The torch.distributed process group in use: "nccl" or "gloo"."""
+        if self.process_group != "auto":
+            return self.process_group
+        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+    def _uses_cuda(self) -> bool:
+        return torch.cuda.is_available() and (self.transport == "nccl" or self.requested_device == "cuda")
+
+    def _init(self) -> None:
+        if dist.is_initialized():
+            if dist.get_world_size() != self.world_size:
+                raise ConfigurationError(
+                    f"torch.distributed is already initialised with world size {dist.get_world_size()}, "
+                    f"but the launcher says {self.world_size}."
+                )
+            return
+        env = self.env
+        if env.launcher == "torchrun":
+            init_method = "env://"  # torchrun's agent already holds the store at MASTER_PORT
+            addr, port = env.master_addr, env.master_port
+        else:
+            addr, port = resolve_master(env)
+            init_method = f"tcp://{addr}:{port}"
+        kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
+        if debug_enabled():
+            enable_torch_debug()
+
+        def start() -> None:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)  # the helper thread's own current device
+            store = (
+                store_for_this_attempt(addr, port, env.world_size, self.timeout) if env.launcher == "torchrun" else None
+            )  # torchrun restarts reuse its store
+            where = {"store": store} if store is not None else {"init_method": init_method}
+            dist.init_process_group(
+                self.transport,
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=datetime.timedelta(seconds=self.timeout),
+                **where,
+                **kwargs,
+            )
+
+        with startup_errors(
+            rank=env.rank,
+            world_size=env.world_size,
+            address=addr,
+            port=port,
+            timeout=self.timeout,
+            launcher=env.launcher,
+        ):
+            # A client whose rendezvous port is held by another program waits forever otherwise.
+            call_with_deadline(start, self.timeout + 10, "joining the process group")
+        self._owns_group = True
+
+    def _before_destroy(self) -> None:
+        """What a subclass must release while the process group still exists (default: nothing)."""
+
+    def _shutdown(self) -> None:
+        self._before_destroy()
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_group = False
+
+    def _on_comm_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """NCCL reduces CUDA tensors only: move a CPU tensor to this rank's GPU."""
+        if self.transport == "nccl" and tensor.device.type != "cuda":
+            return tensor.to(self.device)
+        return tensor
+
+    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        work = self._on_comm_device(tensor)
+        use_avg = op == "mean" and self.transport == "nccl"
+        reduce_op = dist.ReduceOp.AVG if use_avg else getattr(dist.ReduceOp, _TORCH_OPS[op])
+        dist.all_reduce(work, op=reduce_op)
+        if op == "mean" and not use_avg:
+            work.div_(self.world_size)
+        return work.to(tensor.device)
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        work = self._on_comm_device(tensor)
+        dist.broadcast(work, src=src)
+        return work.to(tensor.device)
+
+    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        work = self._on_comm_device(tensor)
+        out = [torch.empty_like(work) for _ in range(self.world_size)]
+        dist.all_gather(out, work)
+        return [t.to(tensor.device) for t in out]
+
+    def _barrier(self) -> None:
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+
+def store_for_this_attempt(address: str, port: int, world_size: int, timeout: float):
+    """torchrun's agent store under a prefix for this restart attempt, or None without an agent store.
+
+    torchrun's static rendezvous (the default with --master_addr/--master_port) keeps one store
+    across restarts and torch adds no per-attempt prefix, so a restarted rank can read the
+    address a killed rank published before and fail to connect (seen here in about half the
+    restarts). A prefix per TORCHELASTIC_RESTART_COUNT keeps the attempts apart.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+
+    store = dist.TCPStore(address, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+    return dist.PrefixStore(f"/paraflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
