@@ -71,6 +71,6 @@ class DDPBackend(TorchDistributedBackend):
         """torch's ``Join`` over the DDP model; then `stateful` is copied from the last rank to finish."""
         if not isinstance(model, DistributedDataParallel):
             raise ConfigurationError("join needs the model returned by wrap_model (a DDP module).")
-        from ...training.join import ddp_join
+        from .join import ddp_join
 
         return ddp_join(self, model, stateful, enable)

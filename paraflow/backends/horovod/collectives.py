@@ -1,0 +1,108 @@
+"""Horovod's collectives behind paraflow's public calls, each wait bounded by the timeout.
+
+Under the MPI controller horovod's own wait has no timeout, so every handle is polled until the
+backend's timeout; horovod's errors become paraflow's, naming the collective and this rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ...errors import CollectiveError, ConfigurationError, ParaflowError
+from ...reliability.deadlines import wait_until
+from ...reliability.translation import translate_collective_error
+
+__all__ = ["HorovodCollectives"]
+
+_COLLECTIVE_OPS = {"sum": "Sum", "mean": "Average", "min": "Min", "max": "Max"}
+
+
+class HorovodCollectives:
+    """allreduce, broadcast, allgather and barrier through horovod, for :class:`HorovodBackend`."""
+
+    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        hvd = self._horovod()
+        with self.horovod_errors(f"allreduce ({op}) of a {_describe(tensor)}"):
+            return self._wait(
+                hvd.allreduce_async_(
+                    tensor.contiguous(), name=f"paraflow.allreduce.{op}", op=getattr(hvd, _COLLECTIVE_OPS[op])
+                )
+            )
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        hvd = self._horovod()
+        with self.horovod_errors(f"broadcast from rank {src} of a {_describe(tensor)}"):
+            return self._wait(
+                hvd.broadcast_async_(tensor.contiguous(), root_rank=src, name=f"paraflow.broadcast.{src}")
+            )
+
+    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        hvd = self._horovod()
+        # One leading row per rank: horovod then requires every other dimension to agree.
+        with self.horovod_errors(f"allgather of a {_describe(tensor)}"):
+            gathered = self._wait(hvd.allgather_async(tensor.reshape(1, *tensor.shape), name="paraflow.allgather"))
+        return list(gathered.unbind(0))
+
+    def _barrier(self) -> None:
+        """Wait for every rank (horovod's barrier)."""
+        hvd = self._horovod()
+        with self.horovod_errors("barrier"):
+            hvd.barrier()
+
+    # ---------------------------------------------------------------- helpers
+    def _wait(self, handle: int) -> Any:
+        """``hvd.synchronize(handle)``, failing after the timeout instead of waiting forever.
+
+        Under the MPI controller horovod's own wait has no timeout: a rank that stops answering
+        would block the others for good. After a timeout horovod's background thread may be
+        stuck, so shutdown leaves horovod alone (MPI_Abort or horovod's exit handler ends it).
+        """
+        self.poll(handle)
+        return self._hvd.synchronize(handle)
+
+    def poll(self, handle: int) -> None:
+        """Return once `handle` is done; raise after the timeout (see :meth:`_wait`)."""
+        try:
+            wait_until(lambda: self._hvd.poll(handle), self.timeout, "waiting for the other ranks")
+        except RuntimeError:
+            self._stuck = True
+            raise
+
+    def _horovod(self):
+        if self._hvd is None or self.controller is None:
+            raise ParaflowError(f"backend {self.name!r} is not initialised; call init() first.")
+        return self._hvd
+
+    @contextlib.contextmanager
+    def horovod_errors(self, what: str) -> Iterator[None]:
+        """Turn horovod's errors into paraflow's, naming the collective and this rank."""
+        start = time.monotonic()
+        try:
+            yield
+        except ValueError as exc:  # horovod refuses the tensor itself (dtype, layout)
+            raise ConfigurationError(f"horovod cannot run the {what}: {exc}") from exc
+        except RuntimeError as exc:  # HorovodInternalError: ranks disagree, or the job broke
+            translated = translate_collective_error(  # a timeout or a lost rank: paraflow.reliability.translation
+                exc,
+                collective=f"horovod {what}",
+                rank=self.rank,
+                world_size=self.world_size,
+                backend=self.name,
+                timeout=self.timeout,
+                waited=time.monotonic() - start,
+            )
+            if translated is not None:
+                raise translated from exc
+            raise CollectiveError(
+                f"horovod {what} failed on rank {self.rank}: {str(exc).rstrip('.')}. Every rank must call the same "
+                "collectives in the same order with tensors of the same shape and dtype."
+            ) from exc
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"{tensor.dtype} tensor of shape {list(tensor.shape)}"

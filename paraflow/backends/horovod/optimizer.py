@@ -1,0 +1,129 @@
+"""Horovod's DistributedOptimizer under paraflow: built from the user's optimizer and model,
+rank 0's state given to every rank, the wait in ``step()`` bounded, and ``no_sync`` for horovod.
+
+Horovod averages gradients in the optimizer: hooks on each gradient accumulator start an
+allreduce when a parameter's backward-pass count reaches ``backward_passes_per_step``, and
+``step()`` (``synchronize()``) waits for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from torch import nn
+
+from ...errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .backend import HorovodBackend
+
+__all__ = ["distributed_optimizer", "skip_gradient_allreduce", "GRADIENT_OPS"]
+
+GRADIENT_OPS = {"average": "Average", "sum": "Sum", "adasum": "Adasum"}
+# Added to every gradient's pass counter inside no_sync, so horovod's hooks never reach zero there.
+_NO_SYNC_PASSES = 1 << 30
+
+
+def distributed_optimizer(
+    backend: HorovodBackend, hvd: Any, optimizer: torch.optim.Optimizer, model: Optional[nn.Module]
+) -> torch.optim.Optimizer:
+    """Horovod's DistributedOptimizer over `model`'s named parameters, with rank 0's state.
+
+    Raises:
+        ConfigurationError: `model` is missing or does not own the optimizer's parameters.
+    """
+    if model is None:
+        raise ConfigurationError(
+            "horovod names each gradient after the model's parameters: pass the model, "
+            "`backend.wrap_optimizer(optimizer, model)`."
+        )
+    state = optimizer.state_dict()
+    try:
+        wrapped = hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=model.named_parameters(),
+            compression=getattr(hvd.Compression, backend.compression),
+            backward_passes_per_step=backend.accumulation_steps,
+            op=getattr(hvd, GRADIENT_OPS[backend.reduce_op]),
+            gradient_predivide_factor=backend.gradient_predivide_factor,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"horovod cannot wrap this optimizer: {exc}. Build the optimizer over "
+            "model.parameters() of the model you pass."
+        ) from None
+    wrapped.defaults = optimizer.defaults
+    _accept_set_to_none(type(wrapped))
+    if state["state"]:
+        wrapped.load_state_dict(state)  # keep state loaded into the optimizer before wrapping
+    _broadcast_optimizer_state(backend, hvd, wrapped, model)
+    _bound_gradient_sync(backend, wrapped)
+    return wrapped
+
+
+def _broadcast_optimizer_state(
+    backend: HorovodBackend, hvd: Any, optimizer: torch.optim.Optimizer, model: nn.Module
+) -> None:
+    """Give every rank rank 0's optimizer state and hyperparameters.
+
+    A fresh optimizer has no state; horovod's ``broadcast_optimizer_state`` would create one
+    with a zero-gradient step (which counts as a step for Adam and moves parameters under
+    weight decay), so then only the hyperparameters are broadcast.
+    """
+    with backend.horovod_errors("broadcast of the optimizer state"):
+        if hvd.broadcast_object(
+            bool(optimizer.state_dict()["state"]), root_rank=0, name="paraflow.optimizer.has_state"
+        ):
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+            # Ranks with no state of their own took that zero-gradient step: undo it.
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        else:
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+            groups = hvd.broadcast_object(groups, root_rank=0, name="paraflow.optimizer.groups")
+            for group, options in zip(optimizer.param_groups, groups):
+                group.update(options)
+
+
+def _bound_gradient_sync(backend: HorovodBackend, optimizer: torch.optim.Optimizer) -> None:
+    """Make ``optimizer.step``'s wait for the gradient allreduces fail after the timeout."""
+    synchronize = optimizer.synchronize
+
+    def bounded_synchronize() -> None:
+        with backend.horovod_errors("gradient allreduce in optimizer.step"):
+            for handle, _ in list(optimizer._handles.values()):
+                if isinstance(handle, int):
+                    backend.poll(handle)
+            return synchronize()
+
+    optimizer.synchronize = bounded_synchronize
+
+
+@contextlib.contextmanager
+def skip_gradient_allreduce(optimizers: list) -> Iterator[None]:
+    saved = [(o, dict(o._allreduce_delay), set(o._handles)) for o in optimizers]
+    for optimizer, delays, _ in saved:
+        for p in delays:
+            optimizer._allreduce_delay[p] += _NO_SYNC_PASSES
+    try:
+        yield
+    finally:
+        for optimizer, delays, handles in saved:
+            optimizer._allreduce_delay.update(delays)
+            # Passes inside left (None, None) placeholders; drop them so zero_grad stays legal.
+            for p in [p for p, h in optimizer._handles.items() if p not in handles and h[0] is None]:
+                del optimizer._handles[p]
+
+
+def _accept_set_to_none(cls: type) -> None:
+    """Let horovod's optimizer class take torch's ``zero_grad(set_to_none=...)``, keeping its check."""
+    horovod_zero_grad = cls.zero_grad
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._handles:
+            horovod_zero_grad(self)  # raises: zero_grad between backward and step
+        super(cls, self).zero_grad(set_to_none=set_to_none)
+
+    cls.zero_grad = zero_grad
