@@ -15,7 +15,7 @@ test: install
 	$(PY) -m pytest
 
 soak: install
-	$(PY) -m pytest -m soak tests/faults
+	$(PY) -m pytest -m soak tests/reliability
 
 bench: install
 	$(VENV)/bin/paraflow bench

@@ -69,7 +69,7 @@ def _clean_launcher_env(monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def _no_process_left_behind():
     """After the whole suite, no process it started (launcher, rank, MPI daemon) may still run."""
-    from faults.leftovers import kill_processes, leftover_processes, mark_session
+    from reliability.leftovers import kill_processes, leftover_processes, mark_session
 
     marker = mark_session()
     yield

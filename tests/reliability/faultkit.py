@@ -29,7 +29,7 @@ def fault_env(**extra: str) -> dict:
 
 
 def run_worker(launcher: str, nproc: int, script: str, *args, timeout: float = 150, env: dict | None = None):
-    """Launch tests/faults/workers/`script` with `args`; fail the test if the launch itself hangs."""
+    """Launch tests/reliability/workers/`script` with `args`; fail the test if the launch itself hangs."""
     return launch(launcher, nproc, [FAULT_WORKERS / script, *args], timeout=timeout, env=fault_env(**(env or {})))
 
 

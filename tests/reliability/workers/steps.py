@@ -1,6 +1,6 @@
 """Ranks train a small model step by step; one rank can be made to fail on purpose.
 
-Usage: <launcher> python tests/faults/workers/steps.py BACKEND STEPS [FAULT RANK STEP]
+Usage: <launcher> python tests/reliability/workers/steps.py BACKEND STEPS [FAULT RANK STEP]
 
 FAULT, done by rank RANK at step STEP (counted from 1):
     kill   SIGKILL itself between the forward and the backward pass

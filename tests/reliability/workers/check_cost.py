@@ -1,6 +1,6 @@
 """Measure what paraflow's cross-rank check costs per collective (for the README's numbers).
 
-Usage: <launcher> python tests/faults/workers/check_cost.py BACKEND [REPEATS]
+Usage: <launcher> python tests/reliability/workers/check_cost.py BACKEND [REPEATS]
 For each size, times ``backend.allreduce`` (checked) against the backend's own ``_allreduce``
 (unchecked) in alternating rounds after a warm-up; rank 0 prints the medians in microseconds.
 Set PARAFLOW_DEBUG=1 to time debug mode.

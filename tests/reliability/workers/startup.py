@@ -1,6 +1,6 @@
 """Start a backend and run one allreduce; report how starting went.
 
-Usage: <launcher or hand-set variables> python tests/faults/workers/startup.py BACKEND
+Usage: <launcher or hand-set variables> python tests/reliability/workers/startup.py BACKEND
 Every rank prints ``EVENT {json}``: "ok", or the error's type and message, with the seconds
 ``paraflow.init`` took. An error is raised again after it is reported.
 """

@@ -11,7 +11,7 @@ STEPS, SAVE_EVERY, KILL_STEP = 9, 2, 5  # killed after step 5: the last checkpoi
 
 
 def torchrun_with_restarts(args, restarts):
-    """`torchrun --max-restarts RESTARTS` over 2 ranks of tests/faults/workers/restart.py."""
+    """`torchrun --max-restarts RESTARTS` over 2 ranks of tests/reliability/workers/restart.py."""
     variables = {**RANK_ENV, **fault_env()}
     command = launch_command("torchrun", 2, [str(FAULT_WORKERS / "restart.py"), *map(str, args)])
     at = command.index("torch.distributed.run") + 1

@@ -1,6 +1,6 @@
 """Call collectives whose inputs disagree across ranks, one case after another.
 
-Usage: <launcher> python tests/faults/workers/mismatch.py BACKEND [CASE ...]   (default: every case)
+Usage: <launcher> python tests/reliability/workers/mismatch.py BACKEND [CASE ...]   (default: every case)
 
 Rank 0 and the other ranks pass different inputs in each case. Every rank prints one
 ``EVENT {json}`` line per case: the outcome ("error" or "ok"), the error's type and message

@@ -1,6 +1,6 @@
 """Train a model with a layer that never takes part in the loss.
 
-Usage: <launcher> python tests/faults/workers/unused.py BACKEND [OPTION=VALUE ...]
+Usage: <launcher> python tests/reliability/workers/unused.py BACKEND [OPTION=VALUE ...]
 Options go to paraflow.init (find_unused_parameters=1 is passed as True). Every rank prints
 ``EVENT {json}``: "ok" with a checksum of its parameters after 3 steps, or the error's type
 and message, with the seconds since the first step began.
