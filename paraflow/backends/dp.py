@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -25,6 +26,26 @@ class DataParallelBackend(LocalCollectives, Backend):
     MULTI_PROCESS = False
     LAUNCHERS = ("python",)
     _warned_cpu = False
+
+    @classmethod
+    def benchmark_skip_reason(cls, cuda_devices: int, **presets: Any) -> Optional[str]:
+        """Without GPUs DataParallel is a pass-through of single."""
+        if cuda_devices:
+            return None
+        return "no GPU: DataParallel would be a pass-through of single (ask for it with --backends dp)"
+
+    @property
+    def replicas(self) -> int:
+        """Every visible GPU when on CUDA, else one."""
+        return self._gpus() if self.device.type == "cuda" else 1
+
+    @property
+    def transport(self) -> str:
+        """Copies between GPUs inside one process when it splits over several, else none."""
+        return "cuda copies" if self.device.type == "cuda" and self._gpus() > 1 else "none"
+
+    def _gpus(self) -> int:
+        return len(self.options.get("device_ids") or range(torch.cuda.device_count()))
 
     def _init(self) -> None:
         if self.device.type != "cuda" and not DataParallelBackend._warned_cpu:

@@ -59,15 +59,18 @@ class TorchDistributedBackend(Backend):
             return "this torch build has no gloo; use --backend ddp-nccl on a GPU host"
         return None
 
+    @classmethod
+    def process_limit(cls, cuda_devices: int, process_group: str = "auto", **_: Any) -> Optional[int]:
+        """NCCL takes one GPU per process."""
+        return cuda_devices if _transport(process_group) == "nccl" else None
+
     def _presets(self) -> dict:
         return {"process_group": self.process_group}
 
     @property
     def transport(self) -> str:
         """The torch.distributed process group in use: "nccl" or "gloo"."""
-        if self.process_group != "auto":
-            return self.process_group
-        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+        return _transport(self.process_group)
 
     def _uses_cuda(self) -> bool:
         return torch.cuda.is_available() and (self.transport == "nccl" or self.requested_device == "cuda")
@@ -175,3 +178,10 @@ def store_for_this_attempt(address: str, port: int, world_size: int, timeout: fl
 
     store = dist.TCPStore(address, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout))
     return dist.PrefixStore(f"/paraflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def _transport(process_group: str) -> str:
+    """The process group "auto" resolves to here: NCCL with CUDA, else gloo."""
+    if process_group != "auto":
+        return process_group
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"

@@ -89,12 +89,31 @@ class Backend(Collectives, abc.ABC):
         self.device = torch.device("cpu")
         self._initialized = False
 
-    # ---------------------------------------------------------------- lifecycle
+    # ---------------------------------------------------------------- what tools ask the class
     @classmethod
     def unavailable_reason(cls, **presets: Any) -> Optional[str]:
         """None when this backend can run on this machine, else why it cannot."""
         return None
 
+    @classmethod
+    def process_limit(cls, cuda_devices: int, **presets: Any) -> Optional[int]:
+        """The most processes one host can run (None: no limit); one-process backends say 1."""
+        return None if cls.MULTI_PROCESS else 1
+
+    @classmethod
+    def benchmark_skip_reason(cls, cuda_devices: int, **presets: Any) -> Optional[str]:
+        """Why a default benchmark run leaves this backend out on this host, or None."""
+        return None
+
+    @classmethod
+    def raw_loop(cls, **presets: Any) -> Optional[Any]:
+        """The same training set up by hand on the raw library (init, wrap, shutdown), or None.
+
+        The benchmark's abstraction overhead compares a paraflow step with it.
+        """
+        return None
+
+    # ---------------------------------------------------------------- lifecycle
     def init(self, environment: Optional[ProcessEnvironment] = None) -> Backend:
         """Join the job: detect the launcher, pin the device and threads, start communication."""
         if self._initialized:
@@ -157,6 +176,16 @@ class Backend(Collectives, abc.ABC):
     def local_world_size(self) -> int:
         """Number of processes on this host."""
         return self._env().local_world_size
+
+    @property
+    def transport(self) -> Optional[str]:
+        """What moves tensors between replicas ("gloo", "nccl", "mpi", ...), "none" for one process."""
+        return "none"
+
+    @property
+    def replicas(self) -> int:
+        """Model replicas one step trains: the processes (DataParallel: the GPUs it splits over)."""
+        return self.world_size
 
     @property
     def is_main(self) -> bool:

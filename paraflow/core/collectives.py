@@ -24,20 +24,29 @@ __all__ = ["Collectives", "LocalCollectives"]
 
 
 class Collectives(abc.ABC):
-    """allreduce, broadcast, allgather and barrier over the ranks of an initialised backend."""
+    """allreduce, broadcast, allgather and barrier over the ranks of an initialised backend.
+
+    ``collective_count`` is the number of checked collectives this rank has started.
+    """
+
+    collective_count = 0
 
     def allreduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """Reduce `tensor` over all ranks with `op` (sum, mean, min, max); input is unchanged."""
         self._check_tensor(tensor, "allreduce")
-        if op not in REDUCE_OPS:
-            raise ConfigurationError(f"allreduce op {op!r} is not one of {', '.join(REDUCE_OPS)}.")
-        if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
-            raise ConfigurationError(
-                f"allreduce op 'mean' needs a floating-point tensor, got {tensor.dtype}; "
-                "use op='sum' and divide, or convert with tensor.double()."
-            )
+        self._check_reduce_op(tensor, op)
         with self._guard("allreduce", tensor, op=op):
             return self._allreduce(tensor.detach().clone(), op)
+
+    def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduce `tensor` over all ranks with `op`, in place (no copy); returns `tensor`."""
+        self._check_tensor(tensor, "allreduce")
+        self._check_reduce_op(tensor, op)
+        with self._guard("allreduce", tensor, op=op):
+            result = self._allreduce(tensor.detach(), op)
+        if result.data_ptr() != tensor.data_ptr():
+            tensor.copy_(result)
+        return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Return rank `src`'s `tensor` on every rank; input is unchanged."""
@@ -65,7 +74,8 @@ class Collectives(abc.ABC):
         communication failures leave as paraflow errors (paraflow.reliability.translation)."""
         with collective_errors(self, collective):
             if self.world_size > 1:
-                check_collective(self, collective, tensor, **arguments)
+                self.collective_count += 1
+                check_collective(self, self._allgather, self.collective_count, collective, tensor, **arguments)
             yield
 
     # ---------------------------------------------------------------- for subclasses
@@ -84,6 +94,16 @@ class Collectives(abc.ABC):
     def _barrier(self) -> None:
         """Block until every rank arrives (default: a one-element allreduce)."""
         self._allreduce(torch.zeros(1, device=self.device), "sum")
+
+    @staticmethod
+    def _check_reduce_op(tensor: torch.Tensor, op: str) -> None:
+        if op not in REDUCE_OPS:
+            raise ConfigurationError(f"allreduce op {op!r} is not one of {', '.join(REDUCE_OPS)}.")
+        if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
+            raise ConfigurationError(
+                f"allreduce op 'mean' needs a floating-point tensor, got {tensor.dtype}; "
+                "use op='sum' and divide, or convert with tensor.double()."
+            )
 
     def _check_tensor(self, tensor: Any, collective: str) -> None:
         if not isinstance(tensor, torch.Tensor):

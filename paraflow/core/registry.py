@@ -19,6 +19,7 @@ class BackendSpec:
     target: Union[str, type]  # a class, or "module:Class" imported on first use
     presets: dict = field(default_factory=dict)
     description: str = ""
+    alias_of: str = ""  # another name that runs the same thing here (left out of default benchmarks)
 
     def load(self) -> type:
         """Import and return the backend class."""
@@ -37,9 +38,9 @@ class BackendSpec:
 _REGISTRY: dict[str, BackendSpec] = {}
 
 
-def register(name: str, target: Union[str, type], description: str = "", **presets: Any) -> None:
+def register(name: str, target: Union[str, type], description: str = "", alias_of: str = "", **presets: Any) -> None:
     """Register `target` (a class or "module:Class") under `name` with preset keyword options."""
-    _REGISTRY[name] = BackendSpec(name, target, presets, description)
+    _REGISTRY[name] = BackendSpec(name, target, presets, description, alias_of)
 
 
 def register_backend(

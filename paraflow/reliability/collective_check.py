@@ -15,7 +15,7 @@ import contextlib
 import os
 import sys
 import zlib
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -165,6 +165,8 @@ def _mismatch(descriptors: list[_Descriptor]) -> Optional[str]:
 
 def check_collective(
     backend: Backend,
+    gather: Callable[[torch.Tensor], list],
+    sequence: int,
     collective: str,
     tensor: Optional[torch.Tensor] = None,
     op: Optional[str] = None,
@@ -177,21 +179,21 @@ def check_collective(
     allgather of a few dozen int64 values took half the time of an allreduce of as many).
 
     Args:
-        backend: an initialised multi-process backend.
+        backend: an initialised multi-process backend (its rank and device).
+        gather: the backend's own allgather, unchecked (the check must not check itself).
+        sequence: this collective's number on this rank (1, 2, ...).
         collective: one of COLLECTIVES.
         tensor: the tensor about to be communicated (None for a barrier).
         op: the allreduce op.
         src: the broadcast source rank.
     """
-    sequence = getattr(backend, "_collective_sequence", 0) + 1
-    backend._collective_sequence = sequence
     argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
     mine = _encode(collective, sequence, tensor, argument, _call_site())
     if debug_enabled():
         trace(backend.rank, str(_Descriptor(mine.tolist())))
     if backend.device.type == "cuda":
         mine = mine.to(backend.device)
-    gathered = torch.stack(backend._allgather(mine)).cpu()
+    gathered = torch.stack(gather(mine)).cpu()
     compared = gathered[:, : _HEADER + _MAX_DIMS]  # everything but the call site
     if bool((compared == compared[0]).all()):
         return

@@ -6,6 +6,7 @@ register(
     "ddp",
     "paraflow.backends.ddp.backend:DDPBackend",
     "DistributedDataParallel, NCCL when CUDA is available else gloo",
+    alias_of="ddp-gloo or ddp-nccl",
     process_group="auto",
 )
 register(

@@ -12,19 +12,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ...core.placement import cores
+from ...core.registry import spec
 from ...errors import ConfigurationError, UnknownBackendError
 from .config import BenchConfig
 
-__all__ = ["Cell", "Matrix", "build_matrix", "BACKEND_LAUNCHERS", "OVERHEAD_LAUNCHER"]
+__all__ = ["Cell", "Matrix", "build_matrix", "BASELINE"]
 
-#: The launchers each backend is started with; any other backend gets torchrun.
-BACKEND_LAUNCHERS = {"single": ("python",), "dp": ("python",), "horovod": ("mpirun", "horovodrun")}
-#: Backends with a hand-written raw loop for the abstraction overhead, and the launcher it uses.
-OVERHEAD_LAUNCHER = {"ddp-gloo": "torchrun", "ddp-nccl": "torchrun", "horovod": "mpirun"}
-#: One-process backends: they run at one process whatever the process counts say.
-ONE_PROCESS = ("single", "dp")
-#: Aliases left out of the default matrix because another name runs the same thing.
-ALIASES = {"ddp": "ddp-gloo or ddp-nccl"}
+#: The backend every other is compared with: one process, no wrapper.
+BASELINE = "single"
 
 
 @dataclass(frozen=True)
@@ -73,6 +68,11 @@ class Matrix:
     skipped: dict = field(default_factory=dict)
 
 
+def _backend_class(name: str) -> type:
+    """The class registered as `name` (its traits decide the cells)."""
+    return spec(name).load()
+
+
 def _threads(nproc: int, total: int) -> int:
     return max(1, total // nproc)
 
@@ -107,50 +107,50 @@ def build_matrix(
         unknown = [b for b in config.backends if b not in available]
         if unknown:
             raise UnknownBackendError(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(available)}.")
-        names = list(dict.fromkeys(["single", *config.backends]))  # the baseline is always there
+        names = list(dict.fromkeys([BASELINE, *config.backends]))  # the baseline is always there
     else:
         names = []
         for name, reason in available.items():
-            if name in ALIASES:
-                matrix.skipped[name] = f"same as {ALIASES[name]}"
-            elif name == "dp" and not cuda_devices:
-                matrix.skipped[name] = (
-                    "no GPU: DataParallel would be a pass-through of single (ask for it with --backends dp)"
-                )
+            registration = spec(name)
+            skip = reason is None and _backend_class(name).benchmark_skip_reason(cuda_devices, **registration.presets)
+            if registration.alias_of:
+                matrix.skipped[name] = f"same as {registration.alias_of}"
+            elif skip:
+                matrix.skipped[name] = skip
             elif reason is None:
                 names.append(name)
             else:
                 matrix.skipped[name] = reason
-        if "single" not in names:
-            names.insert(0, "single")
+        if BASELINE not in names:
+            names.insert(0, BASELINE)
     for name in list(names):
         if available.get(name) is not None:
             matrix.skipped[name] = available[name]
             names.remove(name)
-    if "single" not in names:
-        raise ConfigurationError("the single baseline cannot run here: " + str(matrix.skipped.get("single")))
+    if BASELINE not in names:
+        raise ConfigurationError(f"the {BASELINE} baseline cannot run here: {matrix.skipped.get(BASELINE)}")
 
     models = tuple(config.models)
     multi_nprocs = [n for n in config.nprocs if n >= 2]
     train_cells: list[Cell] = []
     for name in names:
-        launchers = BACKEND_LAUNCHERS.get(name, ("torchrun",))
-        if config.launchers and name != "single":
+        cls, presets = _backend_class(name), spec(name).presets
+        launchers = cls.LAUNCHERS
+        if config.launchers and name != BASELINE:
             launchers = tuple(launcher for launcher in launchers if launcher in config.launchers)
             if not launchers:
-                matrix.skipped[name] = (
-                    f"none of its launchers ({', '.join(BACKEND_LAUNCHERS.get(name, ('torchrun',)))}) was asked for"
-                )
+                matrix.skipped[name] = f"none of its launchers ({', '.join(cls.LAUNCHERS)}) was asked for"
                 continue
-        counts = [1] if name in ONE_PROCESS else config.nprocs
-        if name == "ddp-nccl" and cuda_devices:
-            too_many = [n for n in counts if n > cuda_devices]
+        counts = config.nprocs if cls.MULTI_PROCESS else [1]
+        limit = cls.process_limit(cuda_devices, **presets)
+        if limit is not None and cls.MULTI_PROCESS:
+            too_many = [n for n in counts if n > limit]
             if too_many:
-                matrix.skipped[f"ddp-nccl x {too_many}"] = f"one process per GPU and {cuda_devices} GPU(s) are visible"
-            counts = [n for n in counts if n <= cuda_devices]
+                matrix.skipped[f"{name} x {too_many}"] = f"one process per GPU and {cuda_devices} GPU(s) are visible"
+            counts = [n for n in counts if n <= limit]
         for launcher in launchers:
             for n in counts:
-                threads = total_cores if name == "dp" else _threads(n, total_cores)
+                threads = _threads(n, total_cores)
                 train_cells.append(
                     Cell("train", name, launcher, n, threads, models, allreduce=config.allreduce and n >= 2)
                 )
@@ -162,14 +162,14 @@ def build_matrix(
 
     if config.overhead:
         n = max(config.nprocs)
-        for name, launcher in OVERHEAD_LAUNCHER.items():
-            if name in names and (not config.launchers or launcher in config.launchers):
-                if name == "ddp-nccl":
-                    n_here = min(n, cuda_devices) if cuda_devices else 0
-                    if not n_here:
-                        continue
-                else:
-                    n_here = n
+        for name in names:
+            cls, presets = _backend_class(name), spec(name).presets
+            launcher = cls.LAUNCHERS[0]
+            if cls.raw_loop(**presets) is not None and (not config.launchers or launcher in config.launchers):
+                limit = cls.process_limit(cuda_devices, **presets)
+                n_here = n if limit is None else min(n, limit)
+                if not n_here:
+                    continue
                 matrix.cells.append(
                     Cell("overhead", name, launcher, n_here, _threads(n_here, total_cores), (config.overhead_model,))
                 )

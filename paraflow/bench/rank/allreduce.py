@@ -46,10 +46,10 @@ def count_wrong(result: torch.Tensor, expected: torch.Tensor) -> int:
 
 
 def run_allreduce(backend, sizes: list[int], warmup: int = 2) -> dict:
-    """Sweep `sizes` (bytes) with the backend's own allreduce; this rank's times and checks.
+    """Sweep `sizes` (bytes) with the backend's public in-place allreduce; this rank's times and checks.
 
-    Uses the backend's collective directly (``_allreduce``), leaving out the defensive copy
-    that the public ``allreduce`` makes, so the numbers describe the transport.
+    ``allreduce_`` reduces in place (no defensive copy), with the cross-rank check and error
+    translation every public collective has.
     """
     device = backend.device
     n, rank = backend.world_size, backend.rank
@@ -60,16 +60,16 @@ def run_allreduce(backend, sizes: list[int], warmup: int = 2) -> dict:
         buffer = torch.zeros(count, dtype=DTYPE, device=device)  # zeros stay zeros: no overflow, no denormals
         iters = iterations_for(count * element)
         for _ in range(warmup):
-            backend._allreduce(buffer, "sum")
+            backend.allreduce_(buffer, "sum")
         device_sync(device)
         backend.barrier()
         start = time.perf_counter()
         for _ in range(iters):
-            out = backend._allreduce(buffer, "sum")
+            out = backend.allreduce_(buffer, "sum")
         device_sync(device)
         elapsed = time.perf_counter() - start
         wrong = int((out != 0).sum())  # every timed sum of zeros must be zero
-        checked = backend._allreduce(pattern(rank, count, DTYPE, device), "sum")
+        checked = backend.allreduce_(pattern(rank, count, DTYPE, device), "sum")
         device_sync(device)
         wrong += count_wrong(checked, expected_sum(n, count, DTYPE, device))
         rows.append(

@@ -2,7 +2,7 @@
 
 The raw library is set up first (init_process_group or hvd.init), then paraflow joins the job
 it started. Two identical models (same seed) are trained alternately with the same step
-function, one built by paraflow (wrap_model, wrap_optimizer), one by hand (raw_loops.py), the
+function, one built by paraflow (wrap_model, wrap_optimizer), one by hand (the backend's ``raw_loop``), the
 order flipping every pair so neither side always runs first. Each step is timed after a device sync.
 """
 
@@ -14,7 +14,6 @@ import torch
 
 from ...examples.models import build_model
 from ..driver.config import ModelSpec
-from .raw_loops import RAW_LOOPS
 from .train_loop import LEARNING_RATE, device_sync, make_batches, make_step
 
 __all__ = ["run_overhead"]
@@ -26,11 +25,12 @@ def run_overhead(
     """Time `pairs` paraflow/raw step pairs of `spec`; returns (rank, this rank's numbers)."""
     import paraflow
 
-    if backend_name not in RAW_LOOPS:
-        raise paraflow.ConfigurationError(
-            f"no hand-written loop for backend {backend_name!r}; abstraction overhead covers {', '.join(RAW_LOOPS)}."
-        )
-    raw = RAW_LOOPS[backend_name]()
+    from ...core.registry import spec as registered
+
+    registration = registered(backend_name)
+    raw = registration.load().raw_loop(**registration.presets)
+    if raw is None:
+        raise paraflow.ConfigurationError(f"backend {backend_name!r} has no hand-written loop to compare with.")
     raw.init()
     backend = paraflow.init(backend_name)
     try:

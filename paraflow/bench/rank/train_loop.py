@@ -128,9 +128,7 @@ def local_update(optimizer: torch.optim.Optimizer) -> ContextManager:
 
 def replicas(backend) -> int:
     """Model replicas one step trains: the processes, or every GPU DataParallel splits over."""
-    if backend.name == "dp" and backend.device.type == "cuda":
-        return torch.cuda.device_count()
-    return backend.world_size
+    return backend.replicas
 
 
 def timed_steps(backend, warm_step_s: list, min_steps: int, min_window_s: float) -> int:

@@ -24,16 +24,7 @@ __all__ = ["main", "transport_of"]
 
 def transport_of(backend) -> str:
     """How this backend moves tensors between replicas: nccl, gloo, mpi, or none."""
-    transport = getattr(backend, "transport", None)
-    if isinstance(transport, str):
-        return transport
-    if backend.name == "horovod":
-        import horovod.torch as hvd
-
-        return "mpi" if hvd.mpi_enabled() else "gloo"
-    if backend.name == "dp" and backend.device.type == "cuda" and torch.cuda.device_count() > 1:
-        return "cuda copies"
-    return "none"
+    return backend.transport or "none"
 
 
 class RankFile:

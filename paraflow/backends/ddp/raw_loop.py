@@ -1,0 +1,42 @@
+"""DDP set up by hand, as torchrun's documentation does it, with no paraflow: the reference the
+benchmark's abstraction overhead is measured against (see paraflow.bench.rank.overhead)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["RawDDP"]
+
+
+class RawDDP:
+    """torch.distributed + DistributedDataParallel as torchrun's documentation sets them up."""
+
+    library = "torch DistributedDataParallel"
+
+    def __init__(self, transport: str) -> None:
+        self.transport = transport
+
+    def init(self) -> None:
+        """init_process_group from torchrun's variables; NCCL pins cuda:LOCAL_RANK first."""
+        import torch.distributed as dist
+
+        if self.transport == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(self.transport, init_method="env://")
+
+    def wrap(self, module: torch.nn.Module, device: torch.device, lr: float):
+        """DDP around the module on `device`, plain SGD."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        module = module.to(device)
+        model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
+        return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+    def shutdown(self) -> None:
+        """Destroy the process group."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
