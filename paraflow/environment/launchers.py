@@ -16,7 +16,17 @@ from typing import Optional
 
 from ..errors import LauncherError
 
-__all__ = ["ProcessEnvironment", "detect_environment", "LAUNCHERS", "expand_hostlist", "launcher_variables"]
+#: Launchers that are MPI implementations (ranks share an MPI communicator).
+MPI_LAUNCHERS = ("openmpi", "mpich", "mvapich2")
+
+__all__ = [
+    "MPI_LAUNCHERS",
+    "ProcessEnvironment",
+    "detect_environment",
+    "LAUNCHERS",
+    "expand_hostlist",
+    "launcher_variables",
+]
 
 
 @dataclass(frozen=True)
@@ -39,7 +49,7 @@ class ProcessEnvironment:
     @property
     def is_mpi(self) -> bool:
         """True when an MPI launcher (mpirun, mpiexec) started this process."""
-        return self.launcher in ("openmpi", "mpich", "mvapich2")
+        return self.launcher in MPI_LAUNCHERS
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,15 @@ import importlib.util
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from typing import Any, Optional
 
+from ..backends.horovod.info import build_report as horovod_build_report
 from ..core.placement import cores
+from ..environment.launchers import MPI_LAUNCHERS
+from .check_report import render
+from .launch import find_tool
 
 __all__ = ["collect", "render", "main"]
 
@@ -44,7 +47,7 @@ def collect() -> dict[str, Any]:
         },
         "torch": _torch(),
         "mpi": _mpi(),
-        "horovod": _horovod(),
+        "horovod": horovod_build_report(),
         "process": _process(),
         "backends": _backends(),
     }
@@ -97,7 +100,7 @@ def _torch() -> dict[str, Any]:
 
 def _mpi() -> dict[str, Any]:
     info: dict[str, Any] = {
-        "mpirun": shutil.which("mpirun"),
+        "mpirun": find_tool("mpirun"),
         "mpirun_version": None,
         "mpi4py": None,
         "mpi4py_mpi_standard": None,
@@ -120,52 +123,6 @@ def _mpi() -> dict[str, Any]:
     info["mpi4py"] = probe["version"]
     info["mpi4py_mpi_standard"] = probe["standard"]
     info["mpi4py_library"] = probe["library"].splitlines()[0].split(", package:")[0].strip()
-    return info
-
-
-def _horovod() -> dict[str, Any]:
-    from ..backends.horovod.imports import horovod_missing_reason
-
-    spec = importlib.util.find_spec("horovod")
-    info: dict[str, Any] = {
-        "installed": spec is not None,
-        "version": None,
-        "usable": False,
-        "reason": None,
-        "built_for_torch": None,
-        "frameworks": {},
-        "controllers": {},
-        "tensor_operations": {},
-    }
-    if spec is None:
-        info["reason"] = horovod_missing_reason()
-        return info
-    root = list(spec.submodule_search_locations or [])[0]
-    info["version"] = _distribution_version("horovod")
-    info["built_for_torch"] = _read_json(os.path.join(root, "metadata.json")).get("pytorch")
-    info["frameworks"] = {
-        name: _extension_built(root, sub, lib)
-        for name, sub, lib in (
-            ("pytorch", "torch", "mpi_lib_v2"),
-            ("tensorflow", "tensorflow", "mpi_lib"),
-            ("mxnet", "mxnet", "mpi_lib"),
-        )
-    }
-    info["reason"] = horovod_missing_reason()
-    if info["reason"] is None:
-        import horovod.torch as hvd
-
-        info["usable"] = True
-        info["controllers"] = {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built())}
-        info["tensor_operations"] = {
-            "nccl": bool(hvd.nccl_built()),
-            "ddl": bool(hvd.ddl_built()),
-            "ccl": bool(hvd.ccl_built()),
-            "mpi": bool(hvd.mpi_built()),
-            "gloo": bool(hvd.gloo_built()),
-            "cuda": bool(hvd.cuda_built()),
-            "rocm": bool(hvd.rocm_built()),
-        }
     return info
 
 
@@ -194,7 +151,7 @@ def _process() -> dict[str, Any]:
 
 def _horovod_controller(launcher: str) -> str:
     """The horovod controller paraflow starts under `launcher` (with controller="auto")."""
-    return "mpi" if launcher in ("openmpi", "mpich", "mvapich2") else "gloo"
+    return "mpi" if launcher in MPI_LAUNCHERS else "gloo"
 
 
 def _backends() -> dict[str, Any]:
@@ -213,131 +170,6 @@ def _run(command: list) -> Optional[str]:
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
-
-
-def _distribution_version(name: str) -> Optional[str]:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-def _extension_built(root: str, subpackage: str, library: str) -> bool:
-    import sysconfig
-
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    return os.path.exists(os.path.join(root, subpackage, library + suffix))
-
-
-# ---------------------------------------------------------------- layout
-def _mark(value: Any) -> str:
-    return "[x]" if value else "[ ]"
-
-
-def _boxes(flags: dict, labels: dict) -> str:
-    return "  ".join(f"{_mark(flags.get(key))} {label}" for key, label in labels.items())
-
-
-def render(report: dict[str, Any]) -> str:
-    """The report as aligned text, one section per component."""
-    pf, t, mpi, hvd, proc = (report[k] for k in ("paraflow", "torch", "mpi", "horovod", "process"))
-    lines = [f"paraflow {pf['version']}   Python {pf['python']}   {pf['platform']}   {pf['cpu_cores']} CPU cores", ""]
-
-    lines.append(f"torch        {t['version']} ({t['build']} build)")
-    if t["cuda_devices"]:
-        for d in t["cuda_devices"]:
-            lines.append(
-                f"  GPU {d['index']}        {d['name']}, {d['memory_gb']} GB, compute capability {d['capability']}"
-            )
-    else:
-        lines.append("  GPUs       none visible" + (" (CPU build of torch)" if t["build"] == "CPU" else ""))
-    if t["distributed"]:
-        nccl = "NCCL" + (f" {t['nccl_version']}" if t["nccl_version"] else "")
-        lines.append(f"  distributed  {_boxes(t, {'gloo': 'gloo', 'nccl': nccl, 'mpi': 'MPI'})}")
-    else:
-        lines.append("  distributed  not built into this torch")
-    lines.append("")
-
-    lines.append("MPI")
-    lines.append(
-        f"  mpirun     {mpi['mpirun'] or 'not found (apt-get install openmpi-bin libopenmpi-dev)'}"
-        + (f"   {mpi['mpirun_version']}" if mpi["mpirun_version"] else "")
-    )
-    if mpi["mpi4py"]:
-        lines.append(
-            f"  mpi4py     {mpi['mpi4py']}, MPI {mpi['mpi4py_mpi_standard']} standard, library: {mpi['mpi4py_library']}"
-        )
-    else:
-        lines.append(f"  mpi4py     {mpi['mpi4py_error']}")
-    lines.append("")
-
-    if not hvd["installed"]:
-        lines.append(f"horovod      not installed: {hvd['reason']}")
-    else:
-        built_for = hvd["built_for_torch"]
-        mismatch = built_for and built_for != t["version"]
-        lines.append(
-            f"horovod      {hvd['version']}, built for torch {built_for or '?'}"
-            + ("  <-- this is torch " + t["version"] if mismatch else "")
-        )
-        lines.append(
-            "  frameworks   "
-            + _boxes(hvd["frameworks"], {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "mxnet": "MXNet"})
-        )
-        if hvd["usable"]:
-            lines.append("  controllers  " + _boxes(hvd["controllers"], {"mpi": "MPI", "gloo": "Gloo"}))
-            lines.append(
-                "  tensor ops   "
-                + _boxes(
-                    hvd["tensor_operations"],
-                    {
-                        "nccl": "NCCL",
-                        "ddl": "DDL",
-                        "ccl": "CCL",
-                        "mpi": "MPI",
-                        "gloo": "Gloo",
-                        "cuda": "CUDA",
-                        "rocm": "ROCm",
-                    },
-                )
-            )
-        else:
-            lines.append(f"  unusable: {hvd['reason']}")
-    lines.append("")
-
-    lines.append("this process")
-    if proc["error"]:
-        lines.append(f"  launcher   cannot tell: {proc['error']}")
-    else:
-        lines.append(
-            f"  launcher   {proc['launcher']}: rank {proc['rank']} of {proc['world_size']}, "
-            f"local rank {proc['local_rank']} of {proc['local_world_size']}, on {proc['host']}"
-        )
-        if proc["master_addr"]:
-            lines.append(f"  rank 0 at  {proc['master_addr']}:{proc['master_port'] or '?'}")
-        own = proc["launcher"] not in ("openmpi", "mpich", "mvapich2", "horovodrun")
-        lines.append(
-            f"  horovod    would use its {proc['horovod_controller'].replace('mpi', 'MPI')} controller "
-            "here" + (" (rank 0 starts horovod's rendezvous server)" if own else "")
-        )
-    lines.append("")
-
-    lines.append("backends")
-    width = max(map(len, report["backends"]))
-    for name, b in report["backends"].items():
-        status = "available   " if b["available"] else "unavailable "
-        lines.append(f"  {name.ljust(width)}  {status} {b['description'] if b['available'] else b['reason']}")
-    return "\n".join(lines)
 
 
 def main(as_json: bool = False) -> int:

@@ -19,17 +19,30 @@ from typing import Optional
 from ..environment.launchers import free_port
 from ..errors import ConfigurationError, MissingDependencyError
 
-__all__ = ["LAUNCHER_NAMES", "launch_command", "run_launch", "LaunchResult", "default_launcher", "kill_tree"]
+__all__ = [
+    "find_tool",
+    "LAUNCHER_NAMES",
+    "launch_command",
+    "run_launch",
+    "LaunchResult",
+    "default_launcher",
+    "kill_tree",
+]
 
 LAUNCHER_NAMES = ("python", "torchrun", "mpirun", "horovodrun")
 
 
-def _tool(name: str, install_hint: str) -> str:
-    """Find `name` next to this Python first (a venv's bin), then on PATH."""
+def find_tool(name: str) -> Optional[str]:
+    """The program `name` next to this Python first (a venv's bin), then on PATH; None if absent."""
     local = os.path.join(os.path.dirname(sys.executable), name)
     if os.access(local, os.X_OK):
         return local
-    found = shutil.which(name)
+    return shutil.which(name)
+
+
+def _tool(name: str, install_hint: str) -> str:
+    """:func:`find_tool`, or MissingDependencyError saying how to install it."""
+    found = find_tool(name)
     if not found:
         raise MissingDependencyError(f"`{name}` was not found on PATH; {install_hint}")
     return found
@@ -93,10 +106,10 @@ def launch_command(
 
 
 def default_launcher(backend: str, nproc: int) -> str:
-    """The launcher a backend is normally started with."""
-    if nproc == 1 and backend in ("single", "dp"):
-        return "python"
-    return "mpirun" if backend == "horovod" else "torchrun"
+    """The launcher a backend is normally started with: the first of its class's LAUNCHERS."""
+    from ..core.registry import spec
+
+    return spec(backend).load().LAUNCHERS[0]
 
 
 @dataclass

@@ -12,7 +12,7 @@ import math
 import os
 from typing import Optional
 
-from ...environment.launchers import ProcessEnvironment
+from ...environment.launchers import MPI_LAUNCHERS, ProcessEnvironment
 from ...environment.scoped_env import ScopedEnv
 from ...errors import BackendUnavailableError, ConfigurationError, LauncherError
 from ...reliability.deadlines import call_with_deadline
@@ -28,7 +28,6 @@ __all__ = [
     "note_mpi_shut_down",
 ]
 
-_MPI_LAUNCHERS = ("openmpi", "mpich", "mvapich2")
 _mpi_finalized_by_horovod = False  # MPI cannot start twice in one process
 _mpi_session_ran = False  # after one, horovod 0.28.1 builds gloo contexts from its dead MPI communicator
 # Tuning knobs fixed by earlier horovod sessions in this process (None: horovod never started here).
@@ -56,7 +55,7 @@ def choose_controller(hvd, env: ProcessEnvironment, want: str) -> str:
                 "train.py --backend horovod`."
             )
         return "gloo"
-    if env.launcher in _MPI_LAUNCHERS or (env.launcher == "slurm" and want == "mpi"):
+    if env.launcher in MPI_LAUNCHERS or (env.launcher == "slurm" and want == "mpi"):
         if want == "auto":
             want = "mpi" if hvd.mpi_built() else "gloo"
     elif want == "mpi":

@@ -10,6 +10,9 @@ import socket
 import subprocess
 from typing import Optional
 
+from ...backends.horovod.info import summary as horovod_summary
+from ...tools.launch import find_tool
+
 __all__ = ["collect_header", "header_lines", "busy_warning", "UNITS"]
 
 UNITS = "GB = 1e9 bytes, MB = 1e6 bytes; GB/s = 1e9 bytes per second; times are wall-clock"
@@ -23,11 +26,7 @@ def _version(package: str) -> Optional[str]:
 
 
 def _mpi_version() -> str:
-    import shutil
-    import sys
-
-    local = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    mpirun = local if os.access(local, os.X_OK) else shutil.which("mpirun")
+    mpirun = find_tool("mpirun")
     if not mpirun:
         return "not installed (no mpirun on PATH)"
     try:
@@ -36,23 +35,6 @@ def _mpi_version() -> str:
         return lines[0] if lines else "unknown"
     except Exception as exc:  # not installed, or refused to start
         return f"not available ({exc})"
-
-
-def _horovod() -> str:
-    version = _version("horovod")
-    if version is None:
-        return "not installed"
-    try:
-        import horovod.torch as hvd
-
-        parts = [
-            name
-            for name, built in (("MPI", hvd.mpi_built()), ("gloo", hvd.gloo_built()), ("NCCL", hvd.nccl_built()))
-            if built
-        ]
-        return f"{version} (built with {', '.join(parts) or 'no controller'})"
-    except Exception as exc:  # installed but its extension does not load
-        return f"{version} (does not load: {exc})"
 
 
 def _cpu_model() -> str:
@@ -95,7 +77,7 @@ def collect_header(threads_per_process: dict, launchers: list, commands: list) -
         "paraflow": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "horovod": _horovod(),
+        "horovod": horovod_summary(),
         "mpi": _mpi_version(),
         "gloo": f"bundled with torch {torch.__version__}"
         if dist.is_available() and dist.is_gloo_available()

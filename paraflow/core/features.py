@@ -1,0 +1,102 @@
+"""The training features every backend offers through one API: gradient accumulation, mixed
+precision, uneven inputs, data sharding and checkpoints.
+
+Each maps to the backend's own mechanism through a few hooks (``no_sync``,
+``_skip_gradient_sync``, ``join``); the rest is backend-neutral.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any, ContextManager, Optional
+
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..training.precision import GradScaler, autocast
+from ..training.sampler import ShardSampler
+
+__all__ = ["TrainingFeatures"]
+
+
+class TrainingFeatures:
+    """Accumulation, autocast, loss scaling, join, sampler, save and load for :class:`Backend`."""
+
+    _micro_batches = 0
+
+    @contextlib.contextmanager
+    def accumulate(self, model: nn.Module) -> Iterator[bool]:
+        """Context for one micro-batch's forward and backward under gradient accumulation.
+
+        Yields True on every ``accumulation_steps``-th micro-batch (counted across epochs): the
+        backward inside it reduces the summed gradients across ranks, and the optimizer should
+        step after it. On the others gradients only accumulate locally (DDP's ``no_sync``;
+        Horovod's ``backward_passes_per_step``). Scale each loss by ``1 / accumulation_steps``.
+        """
+        self._micro_batches += 1
+        sync = self._micro_batches % self.accumulation_steps == 0
+        with contextlib.nullcontext() if sync else self._skip_gradient_sync(model):
+            yield sync
+
+    def _skip_gradient_sync(self, model: nn.Module) -> ContextManager:
+        """What :meth:`accumulate` enters on micro-batches that must not communicate."""
+        return self.no_sync(model)
+
+    def autocast(self) -> ContextManager:
+        """torch.autocast to this backend's ``precision`` on its device; a no-op for fp32."""
+        return autocast(self.precision, self.device)
+
+    def grad_scaler(self, **kwargs: Any) -> GradScaler:
+        """A gradient scaler, enabled for ``precision="fp16"`` only (a pass-through otherwise).
+
+        Use it the torch way whatever the precision: ``scaler.scale(loss).backward()``,
+        ``scaler.step(optimizer)``, ``scaler.update()``; its ``state_dict`` goes in checkpoints.
+        `kwargs` go to ``torch.amp.GradScaler`` (init_scale, growth_interval, ...).
+        """
+        return GradScaler(self.device.type, enabled=self.precision == "fp16", **kwargs)
+
+    def join(self, model: nn.Module, *stateful: Any, enable: bool = True) -> ContextManager:
+        """Context around a training loop whose ranks may run different numbers of batches.
+
+        Ranks that finish early keep serving the others' gradient allreduces (a finished rank
+        counts as a zero gradient) instead of hanging; on leaving, the model and every object in
+        `stateful` (optimizer, grad scaler: anything with ``state_dict``) are copied from the last
+        rank to finish. Other collectives must not run inside. One-process backends: no-op.
+        """
+        return contextlib.nullcontext()
+
+    def distributed_sampler(
+        self, dataset: Dataset, shuffle: bool = True, seed: int = 0, drop_last: bool = False
+    ) -> ShardSampler:
+        """A sampler giving this rank its shard of `dataset`; call ``set_epoch`` each epoch.
+
+        Every sample goes to exactly one rank per epoch, reshuffled each epoch from `seed`. With
+        ``drop_last=False`` shard lengths may differ by one (train under :meth:`join`); with
+        ``drop_last=True`` the ``len(dataset) % world_size`` remainder is left out of each epoch
+        so all shards are equal. See :class:`paraflow.training.sampler.ShardSampler`.
+        """
+        return ShardSampler(
+            dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, path: str, state: Mapping[str, Any]) -> None:
+        """Write `state` to `path` atomically from rank 0; call on every rank.
+
+        Modules are saved unwrapped, objects with ``state_dict`` by their state dict, anything
+        else as it is; every rank's RNG states are added. See :mod:`paraflow.training.checkpoint`.
+        """
+        from ..training.checkpoint import save_checkpoint
+
+        save_checkpoint(self, path, state)
+
+    def load(self, path: str, state: Optional[MutableMapping[str, Any]] = None) -> dict:
+        """Restore `state` in place from `path` on every rank, after a barrier, on this device.
+
+        Returns the saved entries not restored into an object (epoch, step, ...); RNG states are
+        restored too. Works across backends. See :mod:`paraflow.training.checkpoint`.
+        """
+        from ..training.checkpoint import load_checkpoint
+
+        return load_checkpoint(self, path, state)
