@@ -11,21 +11,14 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from . import backends  # noqa: F401  (registers the built-in backends)
+from . import (
+    backends,  # noqa: F401  (registers the built-in backends)
+    errors,
+)
 from .core.backend import Backend
 from .core.registry import available_backends, register_backend, registered_names
 from .environment import ProcessEnvironment, detect_environment
-from .errors import (
-    BackendUnavailableError,
-    CheckpointError,
-    CollectiveError,
-    CollectiveTimeoutError,
-    ConfigurationError,
-    LauncherError,
-    MissingDependencyError,
-    ParaflowError,
-    UnknownBackendError,
-)
+from .errors import *  # noqa: F403  (every error class, listed in errors.__all__)
 from .training.checkpoint import load_checkpoint, save_checkpoint
 from .training.sampler import ShardSampler
 
@@ -44,15 +37,7 @@ __all__ = [
     "Backend",
     "ProcessEnvironment",
     "detect_environment",
-    "ParaflowError",
-    "UnknownBackendError",
-    "BackendUnavailableError",
-    "MissingDependencyError",
-    "LauncherError",
-    "CollectiveError",
-    "CollectiveTimeoutError",
-    "ConfigurationError",
-    "CheckpointError",
+    *errors.__all__,
 ]
 
 

@@ -22,6 +22,11 @@ from .placement import select_device, threads_per_process
 __all__ = ["Backend"]
 
 
+def _from_environment(field: str, doc: str) -> property:
+    """A read-only property giving the launcher's value of `field` once the backend is initialised."""
+    return property(lambda self: getattr(self._env(), field), doc=doc)
+
+
 class Backend(TrainingFeatures, Collectives, abc.ABC):
     """A data-parallel method behind one API.
 
@@ -155,25 +160,11 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         return f"<{type(self).__name__} {self.name!r} {where} on {self.device}>"
 
     # ---------------------------------------------------------------- identity
-    @property
-    def rank(self) -> int:
-        """Global rank of this process."""
-        return self._env().rank
-
-    @property
-    def world_size(self) -> int:
-        """Number of processes in the job."""
-        return self._env().world_size
-
-    @property
-    def local_rank(self) -> int:
-        """Rank of this process on its host."""
-        return self._env().local_rank
-
-    @property
-    def local_world_size(self) -> int:
-        """Number of processes on this host."""
-        return self._env().local_world_size
+    rank = _from_environment("rank", "Global rank of this process.")
+    world_size = _from_environment("world_size", "Number of processes in the job.")
+    local_rank = _from_environment("local_rank", "Rank of this process on its host.")
+    local_world_size = _from_environment("local_world_size", "Number of processes on this host.")
+    launcher = _from_environment("launcher", "The launcher that started this process (torchrun, openmpi, slurm, ...).")
 
     @property
     def transport(self) -> Optional[str]:
@@ -189,11 +180,6 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     def is_main(self) -> bool:
         """True on global rank 0, the process that logs and writes."""
         return self.rank == 0
-
-    @property
-    def launcher(self) -> str:
-        """The launcher that started this process (torchrun, openmpi, slurm, python, ...)."""
-        return self._env().launcher
 
     # ---------------------------------------------------------------- training
     @abc.abstractmethod

@@ -34,14 +34,14 @@ class Collectives(abc.ABC):
     def allreduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """Reduce `tensor` over all ranks with `op` (sum, mean, min, max); input is unchanged."""
         self._check_tensor(tensor, "allreduce")
-        self._check_reduce_op(tensor, op)
+        self._check_allreduce_op(tensor, op)
         with self._guard("allreduce", tensor, op=op):
             return self._allreduce(tensor.detach().clone(), op)
 
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce `tensor` over all ranks with `op`, in place (no copy); returns `tensor`."""
         self._check_tensor(tensor, "allreduce")
-        self._check_reduce_op(tensor, op)
+        self._check_allreduce_op(tensor, op)
         with self._guard("allreduce", tensor, op=op):
             result = self._allreduce(tensor.detach(), op)
         if result.data_ptr() != tensor.data_ptr():
@@ -96,7 +96,7 @@ class Collectives(abc.ABC):
         self._allreduce(torch.zeros(1, device=self.device), "sum")
 
     @staticmethod
-    def _check_reduce_op(tensor: torch.Tensor, op: str) -> None:
+    def _check_allreduce_op(tensor: torch.Tensor, op: str) -> None:
         if op not in REDUCE_OPS:
             raise ConfigurationError(f"allreduce op {op!r} is not one of {', '.join(REDUCE_OPS)}.")
         if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
