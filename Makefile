@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.paraflow-installed
 
-.PHONY: install test soak bench clean
+.PHONY: install lint test soak bench clean
 
 install: $(STAMP)
 
@@ -11,7 +11,11 @@ $(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh paraflo
 	bash scripts/install.sh $(VENV)
 	touch $(STAMP)
 
-test: install
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(PY) -m pytest
 
 soak: install

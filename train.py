@@ -21,9 +21,7 @@ Training features, the same on every backend:
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import time
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +31,8 @@ from torch.utils.data import DataLoader, Subset
 import paraflow
 from paraflow.core.options import COMPRESSIONS
 from paraflow.examples.data import DATASETS, load_dataset
-from paraflow.examples.models import MODELS, build_model, count_parameters
+from paraflow.examples.models import MODELS, build_model
+from paraflow.examples.record import RunRecord
 from paraflow.training.precision import PRECISIONS
 
 
@@ -122,8 +121,11 @@ def main(argv=None) -> dict:
         uneven = len({math.ceil(n / args.batch_size) for n in sampler.shard_sizes()}) > 1
         join = args.join == "on" or (args.join == "auto" and uneven)
 
-        step, step_times, start = progress["step"], [], time.perf_counter()
-        epoch, epoch_loss, accuracy, saved_at = progress["epoch"], float("nan"), float("nan"), None
+        record = RunRecord(
+            backend, model=args.model, data=args.data, batch_size=args.batch_size, resumed_from=args.resume
+        )
+        step, epoch, saved_at, compute_dtype = progress["step"], progress["epoch"], None, None
+        epoch_loss = accuracy = float("nan")
         for epoch in range(progress["epoch"], args.epochs):
             if args.steps and step >= args.steps:
                 break
@@ -134,25 +136,23 @@ def main(argv=None) -> dict:
             batches, save_due = 0, False
             with backend.join(model, optimizer, scaler, enable=join):
                 for batch, (x, y) in enumerate(loader, start=first):
-                    t0 = time.perf_counter()
-                    x, y = x.to(backend.device), y.to(backend.device)
-                    with backend.accumulate(model) as sync:
-                        with backend.autocast():
-                            logits = model(x)
-                            loss = F.cross_entropy(logits, y)
-                        scaler.scale(loss / backend.accumulation_steps).backward()
-                    if sync:
-                        scaler.step(optimizer)
-                        scaler.update()
-                        optimizer.zero_grad(set_to_none=True)
-                        step += 1
-                        last = batch + 1 == batches_in_epoch
-                        progress.update(epoch=epoch + last, batch=0 if last else batch + 1, step=step)
-                        if args.checkpoint and args.save_every and step % args.save_every == 0:
-                            save_due = True
-                    if backend.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    step_times.append(time.perf_counter() - t0)
+                    with record.batch():
+                        x, y = x.to(backend.device), y.to(backend.device)
+                        with backend.accumulate(model) as sync:
+                            with backend.autocast():
+                                logits = model(x)
+                                loss = F.cross_entropy(logits, y)
+                            scaler.scale(loss / backend.accumulation_steps).backward()
+                        if sync:
+                            scaler.step(optimizer)
+                            scaler.update()
+                            optimizer.zero_grad(set_to_none=True)
+                            step += 1
+                            last = batch + 1 == batches_in_epoch
+                            progress.update(epoch=epoch + last, batch=0 if last else batch + 1, step=step)
+                            if args.checkpoint and args.save_every and step % args.save_every == 0:
+                                save_due = True
+                    compute_dtype = str(logits.dtype).replace("torch.", "")
                     loss_sum += loss.detach().cpu().double()
                     batches += 1
                     if save_due and not join:  # under join, ranks may have left: save after it
@@ -168,46 +168,23 @@ def main(argv=None) -> dict:
             if backend.is_main:
                 print(
                     f"epoch {epoch + 1}/{args.epochs}  loss {epoch_loss:.4f}  "
-                    f"held-out accuracy {accuracy:.2%}  {time.perf_counter() - start:.1f}s",
+                    f"held-out accuracy {accuracy:.2%}  {record.elapsed():.1f}s",
                     flush=True,
                 )
             if args.steps and step >= args.steps:
                 break
-        elapsed = time.perf_counter() - start
         if args.checkpoint and saved_at != step:
             backend.save(args.checkpoint, state)
-
-        # A step takes as long as its slowest rank (over the batches every rank ran).
-        common = int(backend.allreduce(torch.tensor([len(step_times)]), op="min").item())
-        per_rank = backend.allgather(torch.tensor(step_times[:common], dtype=torch.float64))
-        slowest = torch.stack(per_rank).max(dim=0).values.tolist() if common else []
-        result = {
-            "backend": backend.name,
-            "launcher": backend.launcher,
-            "world_size": backend.world_size,
-            "device": str(backend.device),
-            "model": args.model,
-            "data": args.data,
-            "parameters": count_parameters(backend.unwrap(model)),
-            "batch_size": args.batch_size,
-            "global_batch_size": args.batch_size * backend.world_size,
-            "steps": step,
-            "epochs_run": epoch + 1,
-            "final_loss": epoch_loss,
-            "accuracy": accuracy,
-            "accumulation_steps": backend.accumulation_steps,
-            "precision": backend.precision,
-            "compression": backend.compression,
-            "joined": join,
-            "resumed_from": args.resume,
-            "compute_dtype": str(logits.dtype).replace("torch.", "") if step_times else None,
-            "elapsed_s": elapsed,
-            "step_times_s": slowest,
-        }
-        if backend.is_main and args.json_out:
-            with open(args.json_out, "w") as f:
-                json.dump(result, f, indent=2)
-        return result
+        return record.finish(
+            model,
+            json_out=args.json_out,
+            steps=step,
+            epochs_run=epoch + 1,
+            final_loss=epoch_loss,
+            accuracy=accuracy,
+            joined=join,
+            compute_dtype=compute_dtype,
+        )
 
 
 if __name__ == "__main__":
