@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "init",
+    "launch",
     "get_backend",
     "available_backends",
     "registered_names",
@@ -59,3 +60,14 @@ def get_backend(name: str, **options: Any) -> Backend:
 def init(backend: Optional[str] = None, **options: Any) -> Backend:
     """Create and initialise a backend; `backend=None` picks one (see default_backend_name)."""
     return get_backend(backend or default_backend_name(), **options).init()
+
+
+def launch(fn: Any, *args: Any, nprocs: int, backend: str = "ddp", **options: Any) -> list:
+    """Run ``fn(backend, *args)`` in `nprocs` new processes, each inside an initialised backend.
+
+    Returns the per-rank return values in rank order; works from scripts, ``python -`` and
+    notebooks. See :func:`paraflow.tools.spawn.launch` for ``time_limit`` and the errors.
+    """
+    from .tools.spawn import launch as _launch
+
+    return _launch(fn, *args, nprocs=nprocs, backend=backend, **options)

@@ -12,6 +12,8 @@ __all__ = [
     "CollectiveTimeoutError",
     "ConfigurationError",
     "CheckpointError",
+    "RankFailedError",
+    "LaunchTimeoutError",
 ]
 
 
@@ -49,3 +51,33 @@ class ConfigurationError(ParaflowError, ValueError):
 
 class CheckpointError(ParaflowError, OSError):
     """A checkpoint could not be written or read; a previous file at the path is left intact."""
+
+
+class RankFailedError(ParaflowError, RuntimeError):
+    """A process started by :func:`paraflow.launch` raised or died; names the rank, carries its traceback.
+
+    Attributes:
+        rank: the rank that failed first.
+        error_type: the name of what it raised ("ValueError"), or how it died ("SIGKILL").
+        traceback: that rank's traceback text (or its last lines of output when it died without one).
+        others: the other ranks that failed too, rank -> one line each.
+    """
+
+    def __init__(self, message: str, rank: int, error_type: str, traceback: str, others: dict) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.error_type = error_type
+        self.traceback = traceback
+        self.others = others
+
+
+class LaunchTimeoutError(ParaflowError, TimeoutError):
+    """Processes started by :func:`paraflow.launch` did not finish in time; all were stopped.
+
+    Attributes:
+        unfinished: the ranks still running at the time limit.
+    """
+
+    def __init__(self, message: str, unfinished: list) -> None:
+        super().__init__(message)
+        self.unfinished = unfinished

@@ -1,7 +1,7 @@
 """Who is this process? Rank, world size and rank 0's address, read from the launcher.
 
 Launchers are tried in a fixed priority; the first whose variables are present wins:
-torchrun, SLURM srun, Open MPI, MPICH / Intel MPI, MVAPICH2, horovodrun, plain python.
+torchrun, paraflow.launch, SLURM srun, Open MPI, MPICH / Intel MPI, MVAPICH2, horovodrun, plain python.
 This module knows about environment variables only, never about a backend.
 """
 
@@ -76,6 +76,16 @@ LAUNCHERS = (
         "LOCAL_RANK",
         "LOCAL_WORLD_SIZE",
     ),
+    # paraflow.launch's workers: their own names, so a torchrun started inside one still wins.
+    _Launcher(
+        "paraflow-launch",
+        "paraflow.launch(fn, nprocs=N)",
+        "PARAFLOW_RANK",
+        "PARAFLOW_RANK",
+        "PARAFLOW_WORLD_SIZE",
+        "PARAFLOW_LOCAL_RANK",
+        "PARAFLOW_LOCAL_WORLD_SIZE",
+    ),
     _Launcher(
         "slurm", "srun -n N python train.py", "SLURM_PROCID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None
     ),
@@ -129,6 +139,10 @@ _LAUNCHER_NAMES = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "TORCHELASTIC_RUN_ID",
+    "PARAFLOW_RANK",
+    "PARAFLOW_WORLD_SIZE",
+    "PARAFLOW_LOCAL_RANK",
+    "PARAFLOW_LOCAL_WORLD_SIZE",
 )
 
 
@@ -138,7 +152,7 @@ def launcher_variables(env: Mapping[str, str]) -> list:
 
 
 # Variables whose presence alone, without the rest of a launcher's set, means a half-set environment.
-_STRAY = ("WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE")
+_STRAY = ("WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE", "PARAFLOW_WORLD_SIZE")
 
 
 def _int(env: Mapping[str, str], key: str, launcher: _Launcher) -> int:

@@ -1,4 +1,4 @@
-"""The `paraflow` command: list backends, benchmark them."""
+"""The `paraflow` command: list backends, check this machine, run a script, benchmark them."""
 
 from __future__ import annotations
 
@@ -21,9 +21,19 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    if args.comm:
+        from .comm_check import run_from_args as comm_check
+
+        return comm_check(args)
     from .check import main as check_main
 
     return check_main(as_json=args.json)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .run import run_from_args
+
+    return run_from_args(args)
 
 
 def _build_horovod(args: argparse.Namespace) -> int:
@@ -44,7 +54,14 @@ def main(argv=None) -> int:
         help="what this machine can run: torch, GPUs, MPI, horovod, this process's launcher and rank, every backend",
     )
     check.add_argument("--json", action="store_true", help="print one line of JSON per process")
-    check.set_defaults(func=_check)
+    from .comm_check import add_arguments as add_comm_arguments
+
+    add_comm_arguments(check).set_defaults(func=_check)
+    from .run import add_arguments as add_run_arguments
+
+    add_run_arguments(
+        sub.add_parser("run", help="start a script under the launcher its backend wants (torchrun, mpirun, ...)")
+    ).set_defaults(func=_run)
     from ..backends.horovod.build import add_arguments as add_build_arguments
 
     add_build_arguments(

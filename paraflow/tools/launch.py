@@ -1,6 +1,6 @@
-"""Build and run launcher command lines: torchrun, mpirun, horovodrun, plain python.
+"""Build and run launcher command lines: torchrun, mpirun, horovodrun, srun, plain python.
 
-Used by the benchmarks and the tests; every run has a timeout and takes its whole process
+Used by ``paraflow run``, the benchmarks and the tests; every run has a timeout and takes its whole process
 group down with it, so a hung rank never outlives its launch.
 """
 
@@ -27,9 +27,13 @@ __all__ = [
     "LaunchResult",
     "default_launcher",
     "kill_tree",
+    "kill_descendants",
+    "mpirun_prefix",
 ]
 
-LAUNCHER_NAMES = ("python", "torchrun", "mpirun", "horovodrun")
+LAUNCHER_NAMES = ("python", "torchrun", "mpirun", "horovodrun", "srun")
+HOROVODRUN_HINT = "install horovod: `make install` or scripts/build_horovod.sh"
+SRUN_HINT = "srun comes with SLURM: run inside an allocation (`salloc -n N`) on a SLURM cluster"
 
 
 def find_tool(name: str) -> Optional[str]:
@@ -40,23 +44,33 @@ def find_tool(name: str) -> Optional[str]:
     return shutil.which(name)
 
 
-def _tool(name: str, install_hint: str) -> str:
-    """:func:`find_tool`, or MissingDependencyError saying how to install it."""
+def _tool(name: str, install_hint: str, must_exist: bool = True) -> str:
+    """:func:`find_tool`, or MissingDependencyError saying how to install it.
+
+    With `must_exist=False` a program missing here is named bare (for a command to print).
+    """
     found = find_tool(name)
     if not found:
+        if not must_exist:
+            return name
         raise MissingDependencyError(f"`{name}` was not found on PATH; {install_hint}")
     return found
 
 
-def mpirun_prefix(nproc: int, env_keys: Sequence[str] = ()) -> list[str]:
-    """`mpirun -np N` with the flags a one-host run needs (root, more ranks than cores, no binding)."""
+def mpirun_prefix(
+    nproc: int, env_keys: Sequence[str] = (), hosts: Optional[str] = None, must_exist: bool = True
+) -> list[str]:
+    """`mpirun -np N` with the flags a run needs (root, no binding; one host: more ranks than cores).
+
+    `hosts` ("h1:2,h2:2") places the ranks on those hosts' slots instead of oversubscribing this one.
+    """
     cmd = [
-        _tool("mpirun", "install Open MPI: `apt-get install openmpi-bin libopenmpi-dev`"),
+        _tool("mpirun", "install Open MPI: `apt-get install openmpi-bin libopenmpi-dev`", must_exist),
         "-np",
         str(nproc),
         "--bind-to",
         "none",
-        "--oversubscribe",
+        *(["-H", hosts] if hosts else ["--oversubscribe"]),
     ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
@@ -66,42 +80,71 @@ def mpirun_prefix(nproc: int, env_keys: Sequence[str] = ()) -> list[str]:
 
 
 def launch_command(
-    launcher: str, nproc: int, script: Sequence[str], port: Optional[int] = None, env_keys: Sequence[str] = ()
+    launcher: str,
+    nproc: int,
+    script: Sequence[str],
+    port: Optional[int] = None,
+    env_keys: Sequence[str] = (),
+    hosts: Optional[Sequence[tuple[str, int]]] = None,
+    node_rank: int = 0,
+    must_exist: bool = True,
 ) -> list[str]:
     """The command that starts `script` (a Python file and its arguments) as `nproc` processes.
 
     Args:
-        launcher: python, torchrun, mpirun or horovodrun.
+        launcher: python, torchrun, mpirun, horovodrun or srun.
         nproc: number of processes (python takes 1 only).
         script: the Python file followed by its arguments.
-        port: rendezvous port for torchrun (default: a free one).
+        port: rendezvous port for torchrun (default: a free one; 29500 with `hosts`).
         env_keys: variables mpirun must forward to its ranks.
+        hosts: (host, processes) pairs of a multi-host job, rank 0's host first (None: this host).
+            torchrun runs one agent per host: the command is the one for host `node_rank`.
+        node_rank: which host's torchrun command to build.
+        must_exist: False names a launcher missing here by its bare name (a command to print).
     """
     python = sys.executable
+    if hosts and sum(n for _, n in hosts) != nproc:
+        raise ConfigurationError(f"the hosts hold {sum(n for _, n in hosts)} processes, not {nproc}.")
     if launcher == "python":
-        if nproc != 1:
-            raise ConfigurationError("the python launcher starts exactly one process.")
+        if nproc != 1 or (hosts and len(hosts) > 1):
+            raise ConfigurationError("the python launcher starts exactly one process, on this host.")
         return [python, *script]
     if launcher == "torchrun":
-        return [
-            python,
-            "-m",
-            "torch.distributed.run",
+        run = [python, "-m", "torch.distributed.run"]
+        if not hosts:
+            where = ["--nnodes", "1", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1"]
+            return [*run, *where, "--master_port", str(port or free_port()), *script]
+        if not 0 <= node_rank < len(hosts):
+            raise ConfigurationError(
+                f"node rank {node_rank} is not one of the {len(hosts)} hosts (0-{len(hosts) - 1})."
+            )
+        endpoint = f"{hosts[0][0]}:{port or 29500}"
+        where = [
             "--nnodes",
-            "1",
+            str(len(hosts)),
+            "--node_rank",
+            str(node_rank),
             "--nproc_per_node",
-            str(nproc),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(port or free_port()),
-            *script,
+            str(hosts[node_rank][1]),
         ]
+        return [*run, *where, "--rdzv_backend", "static", "--rdzv_endpoint", endpoint, *script]
+    host_list = ",".join(f"{h}:{n}" for h, n in hosts) if hosts else None
     if launcher == "mpirun":
-        return [*mpirun_prefix(nproc, env_keys), python, *script]
+        return [*mpirun_prefix(nproc, env_keys, host_list, must_exist), python, *script]
     if launcher == "horovodrun":
-        tool = _tool("horovodrun", "install horovod: `make install` or scripts/build_horovod.sh")
-        return [tool, "-np", str(nproc), "-H", f"localhost:{nproc}", "--gloo", python, *script]
+        tool = _tool("horovodrun", HOROVODRUN_HINT, must_exist)
+        return [tool, "-np", str(nproc), "-H", host_list or f"localhost:{nproc}", "--gloo", python, *script]
+    if launcher == "srun":  # a rank that fails ends the step, as the other launchers do
+        where = []
+        if hosts:
+            if len({n for _, n in hosts}) != 1:
+                raise ConfigurationError(
+                    "srun starts the same number of tasks on every node: give every host the same count "
+                    "(--hosts h1:2,h2:2)."
+                )
+            where = ["--nodelist", ",".join(h for h, _ in hosts), "--ntasks-per-node", str(hosts[0][1])]
+        tool = _tool("srun", SRUN_HINT, must_exist)
+        return [tool, "-n", str(nproc), *where, "--kill-on-bad-exit=1", python, *script]
     raise ConfigurationError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHER_NAMES)}.")
 
 
@@ -130,18 +173,25 @@ class LaunchResult:
 
 
 def run_launch(
-    command: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None
+    command: Sequence[str],
+    timeout: Optional[float],
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    capture: bool = True,
 ) -> LaunchResult:
     """Run `command` in its own process group; on timeout kill it and every process it started.
 
     `env` is added to this process's environment; a key whose value is None is removed.
+    `capture=False` lets the output through to this process's own (stdout and stderr of the
+    result are then empty); `timeout=None` waits for as long as the command runs.
     """
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     start = time.monotonic()
+    pipe = subprocess.PIPE if capture else None
     proc = subprocess.Popen(
         list(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=pipe,
+        stderr=pipe,
         text=True,
         env=full_env,
         cwd=cwd,
@@ -163,7 +213,7 @@ def run_launch(
         raise
     finally:
         kill_group(proc.pid)  # ranks a launcher left behind
-    return LaunchResult(list(command), proc.returncode, out, err, time.monotonic() - start, timed_out)
+    return LaunchResult(list(command), proc.returncode, out or "", err or "", time.monotonic() - start, timed_out)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -192,6 +242,15 @@ def kill_tree(pid: int) -> None:
     """SIGKILL `pid`'s process group and every descendant, with the groups they lead."""
     victims = _descendants(pid)  # before any kill: orphans are re-parented and lost from view
     kill_group(pid)
+    _kill(victims)
+
+
+def kill_descendants(pid: int) -> None:
+    """SIGKILL every live descendant of `pid` (not `pid` itself), with the groups they lead."""
+    _kill(_descendants(pid))
+
+
+def _kill(victims: list[int]) -> None:
     own_group = os.getpgrp()
     for victim in victims:
         try:
