@@ -133,7 +133,7 @@ def _time_collective(backend, name: str) -> tuple[bool, float]:
 
 def _transport(backend) -> dict:
     """What moves this rank's tensors, and through which interface where the library says so."""
-    info: dict[str, Any] = {"transport": getattr(backend, "transport", None) or "none (one process)"}
+    info: dict[str, Any] = {"transport": backend.transport}
     controller = getattr(backend, "controller", None)
     if controller:
         info["controller"] = controller

@@ -12,6 +12,7 @@ runs out of time or is interrupted.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -83,7 +84,7 @@ def launch(
     except ImportError:
         raise MissingDependencyError(
             "paraflow.launch sends the function to its processes with cloudpickle, which is not "
-            "installed: `pip install cloudpickle` (or `pip install 'paraflow[launch]'`)."
+            "installed (paraflow requires it; was it uninstalled?): `pip install cloudpickle`."
         ) from None
     outcomes = run_workers(call_in_backend, (fn, backend, options, args), nprocs, time_limit, pickler=cloudpickle)
     for outcome in outcomes:
@@ -124,7 +125,7 @@ def run_workers(
     outcomes = [RankOutcome(rank) for rank in range(nprocs)]
     try:
         try:
-            job = pickler.dumps({"entry": entry, "args": args, "sys_path": list(sys.path)})
+            job = pickler.dumps({"entry": entry, "args": args})
         except Exception as exc:
             raise ConfigurationError(
                 f"paraflow.launch cannot send the function or its arguments to the workers "
@@ -132,6 +133,7 @@ def run_workers(
                 "sockets or generators); create such objects inside the function."
             ) from exc
         (workdir / "job.pkl").write_bytes(job)
+        (workdir / "sys_path.json").write_text(json.dumps([p for p in sys.path if isinstance(p, str)]))
         port = free_port("127.0.0.1")
         sinks = (sys.stdout, sys.stderr) if stream else (None, None)
         lock = threading.Lock()

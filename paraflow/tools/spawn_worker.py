@@ -2,13 +2,15 @@
 
 Started as ``python -m paraflow.tools.spawn_worker WORKDIR`` with PARAFLOW_RANK, PARAFLOW_WORLD_SIZE,
 PARAFLOW_LOCAL_RANK, PARAFLOW_LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (the
-"paraflow-launch" launcher). The job is ``WORKDIR/job.pkl``; the outcome goes to
+"paraflow-launch" launcher). The job is ``WORKDIR/job.pkl``, unpickled once the caller's
+``sys.path`` (``WORKDIR/sys_path.json``) is added to this one's; the outcome goes to
 ``WORKDIR/rank<R>.result`` as ``("ok", value)`` or ``("error", {type, message, traceback, time})``.
 A rank that raised leaves at once, without shutting its backend down: the caller stops the others.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -75,8 +77,9 @@ def main(argv: list | None = None) -> None:
     _die_with_parent(int(os.environ.get(PARENT_ENV, "0")))
     rank = int(os.environ["PARAFLOW_RANK"])
     try:
+        caller_path = json.loads((workdir / "sys_path.json").read_text())
+        sys.path.extend(p for p in caller_path if p not in sys.path)  # modules the caller can import
         job = pickle.loads((workdir / "job.pkl").read_bytes())
-        sys.path.extend(p for p in job["sys_path"] if p not in sys.path)  # modules the caller could import
         record = ("ok", job["entry"](*job["args"]))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
         record = ("error", _describe(exc))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from paraflow.environment.launchers import detect_environment, expand_hostlist
+from paraflow.environment.launchers import detect_environment, expand_hostlist, launcher_variables
 from paraflow.errors import LauncherError, ParaflowError
 
 CASES = {
@@ -16,6 +16,17 @@ CASES = {
             "MASTER_PORT": "29500",
         },
         (3, 8, 1, 2, "n0", 29500),
+    ),
+    "paraflow-launch": (
+        {
+            "PARAFLOW_RANK": "1",
+            "PARAFLOW_WORLD_SIZE": "2",
+            "PARAFLOW_LOCAL_RANK": "1",
+            "PARAFLOW_LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "41000",
+        },
+        (1, 2, 1, 2, "127.0.0.1", 41000),
     ),
     "slurm": (
         {
@@ -87,6 +98,15 @@ def test_plain_python_is_one_process():
 def test_torchrun_wins_over_slurm_it_runs_inside():
     env = {**CASES["slurm"][0], **CASES["torchrun"][0]}
     assert detect_environment(env).launcher == "torchrun"
+
+
+def test_torchrun_started_inside_a_paraflow_launch_worker_wins():
+    env = {**CASES["paraflow-launch"][0], **CASES["torchrun"][0]}
+    assert detect_environment(env).launcher == "torchrun"
+
+
+def test_paraflow_launch_variables_are_launcher_variables():
+    assert set(launcher_variables(CASES["paraflow-launch"][0])) == set(CASES["paraflow-launch"][0])
 
 
 def test_slurm_wins_over_openmpi():
