@@ -83,6 +83,25 @@ def _no_process_left_behind():
         )
 
 
+@pytest.fixture
+def no_leftovers(monkeypatch):
+    """One rank thread each and a marker for every process the test starts; none may outlive it.
+
+    Yields the environment (a copy) for subprocesses the test starts itself.
+    """
+    import uuid
+
+    from reliability.leftovers import MARKER_ENV, leftover_processes
+
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER_ENV, marker)
+    for key, value in RANK_ENV.items():
+        monkeypatch.setenv(key, value)
+    yield dict(os.environ)
+    left = leftover_processes(marker, grace_s=3.0)
+    assert left == {}, f"processes left behind: {left}"
+
+
 @pytest.fixture(scope="session")
 def float64_reference(tmp_path_factory):
     """Parameters tests/workers/equivalence.py ends with under `single`: each whole batch in one step."""

@@ -21,7 +21,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    if args.comm:
+    if args.comm or args.backend or args.nprocs is not None or args.timeout is not None:
         from .comm_check import run_from_args as comm_check
 
         return comm_check(args)

@@ -29,14 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--comm", action="store_true", help="live test: run four collectives on every backend that can run here"
     )
-    parser.add_argument("-n", "--nprocs", type=int, default=2, help="--comm: processes per backend (default 2)")
+    parser.add_argument("-n", "--nprocs", type=int, default=None, help="--comm: processes per backend (default 2)")
     parser.add_argument(
         "--backend", action="append", default=None, help="--comm: only these backends (repeat, or a,b,c)"
     )
     parser.add_argument(
         "--timeout",
         type=float,
-        default=DEFAULT_TIMEOUT,
+        default=None,
         help=f"--comm: seconds to wait for ranks and for each collective (default {DEFAULT_TIMEOUT:g})",
     )
     return parser
@@ -139,24 +139,33 @@ def render(result: dict) -> str:
         lines.append(f"{'':10s} {at}route to it: " + ", ".join(routes))
     transport = zero.get("transport")
     if transport:
-        lines.append(f"{'':10s} " + ", ".join(f"{k} {v}" for k, v in transport.items()))
+        labels = {"gloo_address": "gloo binds"}
+        lines.append(f"{'':10s} " + ", ".join(f"{labels.get(k, k)} {v}" for k, v in transport.items()))
     return "\n".join(lines)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """``paraflow check --comm``: print each backend's result; 1 when any failed, 2 for bad arguments."""
+    """``paraflow check --comm``: print each backend's result; 1 when any failed, 2 for bad arguments.
+
+    Also called for ``paraflow check`` given --comm's options without --comm, to refuse them.
+    """
+    if not args.comm:
+        print("paraflow check: -n, --backend and --timeout go with --comm.", file=sys.stderr)
+        return 2
     names = [n for item in (args.backend or []) for n in item.split(",") if n] or None
-    if args.nprocs < 1 or args.timeout <= 0:
+    nprocs = 2 if args.nprocs is None else args.nprocs
+    timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    if nprocs < 1 or timeout <= 0:
         print("paraflow check --comm: -n and --timeout must be positive.", file=sys.stderr)
         return 2
     if not args.json:
         print(
-            f"communication check: up to {args.nprocs} processes per backend on this host, "
-            f"timeout {args.timeout:g} s, times are medians over 20 calls (slowest rank)",
+            f"communication check: up to {nprocs} processes per backend on this host, "
+            f"timeout {timeout:g} s, times are medians over 20 calls (slowest rank)",
             flush=True,
         )
     try:
-        results = run_checks(names, args.nprocs, args.timeout, out=None if args.json else sys.stdout)
+        results = run_checks(names, nprocs, timeout, out=None if args.json else sys.stdout)
     except ParaflowError as exc:
         print(f"paraflow check --comm: {exc}", file=sys.stderr)
         return 2

@@ -73,6 +73,10 @@ def launch(
         raise ConfigurationError(f"paraflow.launch needs a function to run, got {type(fn).__name__}.")
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ConfigurationError(f"nprocs must be a positive integer, got {nprocs!r}.")
+    if time_limit is not None and (
+        isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or time_limit <= 0
+    ):
+        raise ConfigurationError(f"time_limit must be a positive number of seconds or None, got {time_limit!r}.")
     if nprocs > 1 and not spec(backend).load().MULTI_PROCESS:
         raise ConfigurationError(
             f"backend {backend!r} runs in one process; call paraflow.launch(fn, nprocs=1, backend={backend!r}) "

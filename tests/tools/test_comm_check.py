@@ -1,28 +1,14 @@
 """`paraflow check --comm`: four collectives per backend, a rank that cannot connect named in time."""
 
 import json
-import os
 import subprocess
 import sys
-import uuid
 
-import pytest
-from conftest import _HOROVOD_MISSING, RANK_ENV, ROOT
-from reliability.leftovers import MARKER_ENV, leftover_processes
+from conftest import _HOROVOD_MISSING, ROOT
 
 from paraflow.environment.launchers import free_port
 from paraflow.tools.comm_check import render, run_checks
 from paraflow.tools.comm_rank import COLLECTIVES
-
-
-@pytest.fixture
-def marked(monkeypatch):
-    marker = uuid.uuid4().hex
-    monkeypatch.setenv(MARKER_ENV, marker)
-    for key, value in RANK_ENV.items():
-        monkeypatch.setenv(key, value)
-    yield {**os.environ}
-    assert leftover_processes(marker, grace_s=2.0) == {}
 
 
 def check_comm(env, *args):
@@ -30,9 +16,9 @@ def check_comm(env, *args):
     return subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=400)
 
 
-def test_single_ddp_gloo_and_horovod_pass_here(marked):
+def test_single_ddp_gloo_and_horovod_pass_here(no_leftovers):
     names = ["single", "ddp-gloo"] + ([] if _HOROVOD_MISSING else ["horovod"])
-    done = check_comm(marked, "--json", "-n", "2", "--backend", ",".join(names), "--timeout", "60")
+    done = check_comm(no_leftovers, "--json", "-n", "2", "--backend", ",".join(names), "--timeout", "60")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(done.stdout.splitlines()[-1])
     assert [r["backend"] for r in results] == names
@@ -48,7 +34,7 @@ def test_single_ddp_gloo_and_horovod_pass_here(marked):
     assert transports["ddp-gloo"] == "gloo" and transports["single"] == "none"
 
 
-def test_a_rank_that_cannot_connect_is_named_within_the_timeout(marked):
+def test_a_rank_that_cannot_connect_is_named_within_the_timeout(no_leftovers):
     wrong = {1: {"MASTER_PORT": str(free_port())}}  # nothing listens there: rank 1 cannot reach rank 0
     (result,) = run_checks(["ddp-gloo"], nprocs=2, timeout=5, rank_env=wrong)
     assert result["status"] == "failed" and result["never_arrived"] == [1]
@@ -57,8 +43,8 @@ def test_a_rank_that_cannot_connect_is_named_within_the_timeout(marked):
     assert "never arrived within 5 s: rank(s) 1" in render(result)
 
 
-def test_a_broken_backend_fails_the_command(marked):
-    env = {**marked, "GLOO_SOCKET_IFNAME": "no-such-interface0"}
+def test_a_broken_backend_fails_the_command(no_leftovers):
+    env = {**no_leftovers, "GLOO_SOCKET_IFNAME": "no-such-interface0"}
     done = check_comm(env, "--backend", "ddp-gloo", "--timeout", "20")
     assert done.returncode == 1
     assert "ddp-gloo   FAILED" in done.stdout and "no-such-interface0" in done.stdout
@@ -69,3 +55,5 @@ def test_unknown_backends_are_refused_before_anything_starts(capsys):
 
     assert main(["check", "--comm", "--backend", "nope"]) == 2
     assert "known backends" in capsys.readouterr().err
+    assert main(["check", "--backend", "ddp-gloo"]) == 2  # a --comm option without --comm
+    assert "go with --comm" in capsys.readouterr().err

@@ -1,11 +1,8 @@
 """paraflow.launch inside a real Jupyter kernel (nbclient): a function defined in a cell runs on 2 ranks."""
 
 import os
-import uuid
 
 import pytest
-from conftest import RANK_ENV, ROOT
-from reliability.leftovers import MARKER_ENV, leftover_processes
 
 nbformat = pytest.importorskip("nbformat", reason="the test extra installs nbformat")
 nbclient = pytest.importorskip("nbclient", reason="the test extra installs nbclient")
@@ -30,11 +27,7 @@ CELLS = [
 ]
 
 
-def test_a_function_defined_in_a_notebook_cell_runs_on_two_ranks(monkeypatch):
-    marker = uuid.uuid4().hex
-    monkeypatch.setenv(MARKER_ENV, marker)
-    for key, value in {**RANK_ENV, "PYTHONPATH": str(ROOT)}.items():
-        monkeypatch.setenv(key, value)
+def test_a_function_defined_in_a_notebook_cell_runs_on_two_ranks(no_leftovers):
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     client = nbclient.NotebookClient(
         notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": os.getcwd()}}
@@ -47,4 +40,3 @@ def test_a_function_defined_in_a_notebook_cell_runs_on_two_ranks(monkeypatch):
     assert "FAILED 1 KeyError" in outputs[3]
     # the cell's source line is shown in the traceback, though cloudpickle sent the code by value
     assert "raise KeyError('missing on rank one')" in outputs[3]
-    assert leftover_processes(marker, grace_s=2.0) == {}

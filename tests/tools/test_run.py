@@ -7,12 +7,10 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from conftest import RANK_ENV, ROOT, requires_horovod
-from reliability.leftovers import MARKER_ENV, leftover_processes
+from conftest import ROOT, requires_horovod
 
 from paraflow.core.placement import cores
 from paraflow.environment.launchers import free_port
@@ -122,13 +120,6 @@ def test_a_parent_jobs_rank_variables_are_not_passed_on():
 
 
 # ---------------------------------------------------------------- real runs
-@pytest.fixture
-def marked(monkeypatch):
-    """Environment for a `paraflow run` subprocess, marked so that leftovers can be found after it."""
-    marker = uuid.uuid4().hex
-    env = {**os.environ, **RANK_ENV, MARKER_ENV: marker, "PYTHONPATH": str(ROOT)}
-    yield env
-    assert leftover_processes(marker, grace_s=3.0) == {}
 
 
 def paraflow_run(env, *args, timeout=240):
@@ -147,9 +138,9 @@ TRAIN = ["train.py", "--epochs", "1", "--steps", "2", "--data", "synthetic", "--
         pytest.param("horovod", "horovodrun", "horovodrun", marks=requires_horovod),
     ],
 )
-def test_train_py_runs_on_two_ranks(marked, tmp_path, backend, launcher, shown):
+def test_train_py_runs_on_two_ranks(no_leftovers, tmp_path, backend, launcher, shown):
     out = tmp_path / "summary.json"
-    done = paraflow_run(marked, "-n", 2, "--backend", backend, "--launcher", launcher, *TRAIN, "--json-out", out)
+    done = paraflow_run(no_leftovers, "-n", 2, "--backend", backend, "--launcher", launcher, *TRAIN, "--json-out", out)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     first = done.stdout.splitlines()[0]
     assert first.startswith("paraflow run: ") and shown in first and first.endswith(f"--backend {backend}")
@@ -157,20 +148,21 @@ def test_train_py_runs_on_two_ranks(marked, tmp_path, backend, launcher, shown):
     assert (summary["backend"], summary["world_size"]) == (backend, 2)
 
 
-def test_the_jobs_exit_status_is_returned(marked):
-    assert paraflow_run(marked, "--backend", "single", PROBE, "exit", 3).returncode == 3
-    assert paraflow_run(marked, "-n", 2, "--launcher", "mpirun", PROBE, "exit", 5).returncode == 5
+def test_the_jobs_exit_status_is_returned(no_leftovers):
+    assert paraflow_run(no_leftovers, "-n", 2, "--launcher", "mpirun", PROBE, "exit", 5).returncode == 5
 
 
-def test_a_killed_rank_ends_the_run_with_every_process_gone(marked, tmp_path):
-    done = paraflow_run(marked, "-n", 2, "--backend", "ddp-gloo", PROBE, "kill", 1, tmp_path)
+def test_a_killed_rank_ends_the_run_with_every_process_gone(no_leftovers, tmp_path):
+    done = paraflow_run(no_leftovers, "-n", 2, "--backend", "ddp-gloo", PROBE, "kill", 1, tmp_path)
     assert done.returncode != 0
     assert sorted(p.name for p in tmp_path.glob("started*")) == ["started0", "started1"]
 
 
-def test_ctrl_c_kills_every_process_it_started(marked, tmp_path):
+def test_ctrl_c_kills_every_process_it_started(no_leftovers, tmp_path):
     cmd = [PY, "-m", "paraflow.tools.cli", "run", "-n", "2", "--backend", "ddp-gloo", PROBE, "sleep", str(tmp_path)]
-    proc = subprocess.Popen(cmd, env=marked, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, env=no_leftovers, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 180
     while len(list(tmp_path.glob("started*"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
@@ -189,14 +181,14 @@ def running(pid: int) -> bool:
         return False
 
 
-def test_torchrun_across_two_hosts_forms_one_job(marked, tmp_path):
+def test_torchrun_across_two_hosts_forms_one_job(no_leftovers, tmp_path):
     """Both "hosts" are this one (two loopback names): each agent starts its share, ranks 0 and 1."""
     hosts, port = "127.0.0.1:1,localhost:1", str(free_port())
     agents = [
         subprocess.Popen(
             [PY, "-m", "paraflow.tools.cli", "run", "--hosts", hosts, "--node-rank", str(node), "--port", port]
             + ["--backend", "ddp-gloo", PROBE, "identity", str(tmp_path)],
-            env=marked,
+            env=no_leftovers,
             cwd=str(ROOT),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

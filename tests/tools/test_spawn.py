@@ -6,27 +6,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import pytest
 import torch
-from conftest import RANK_ENV, ROOT, requires_horovod
-from reliability.leftovers import MARKER_ENV, leftover_processes
+from conftest import ROOT, requires_horovod
 
 import paraflow
 from paraflow.errors import ConfigurationError, LaunchTimeoutError, ParaflowError, RankFailedError
-
-
-@pytest.fixture
-def no_leftovers(monkeypatch):
-    """Mark every process the test starts; after it, none may still be running."""
-    marker = uuid.uuid4().hex
-    monkeypatch.setenv(MARKER_ENV, marker)
-    for key, value in RANK_ENV.items():
-        monkeypatch.setenv(key, value)
-    yield
-    left = leftover_processes(marker, grace_s=2.0)
-    assert left == {}, f"processes left behind: {left}"
 
 
 def gather_identity(backend, offset):
@@ -122,6 +108,7 @@ def test_a_function_read_from_stdin_and_import_paraflow_stays_light(no_leftovers
         (lambda: paraflow.launch(print, nprocs=0), "nprocs must be a positive integer"),
         (lambda: paraflow.launch("not a function", nprocs=2), "needs a function"),
         (lambda: paraflow.launch(print, nprocs=2, backend="single"), "runs in one process"),
+        (lambda: paraflow.launch(print, nprocs=2, time_limit=0), "time_limit must be a positive number"),
         (lambda: paraflow.launch(print, nprocs=2, backend="ddp-gloo", bucket_size=3), "does not take option"),
         (lambda: paraflow.launch(print, threading.Lock(), nprocs=1, backend="single"), "cannot send the function"),
     ],
