@@ -1,7 +1,7 @@
 """Build and run launcher command lines: torchrun, mpirun, horovodrun, srun, plain python.
 
-Used by ``paraflow run``, the benchmarks and the tests; every run has a timeout and takes its whole process
-group down with it, so a hung rank never outlives its launch.
+Used by ``paraflow run``, the benchmarks and the tests; a run that ends, times out or is
+interrupted takes its whole process group down with it, so a hung rank never outlives its launch.
 """
 
 from __future__ import annotations
