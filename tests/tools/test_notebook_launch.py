@@ -1,6 +1,7 @@
 """paraflow.launch inside a real Jupyter kernel (nbclient): a function defined in a cell runs on 2 ranks."""
 
-import os
+import json
+import sys
 
 import pytest
 
@@ -27,11 +28,15 @@ CELLS = [
 ]
 
 
-def test_a_function_defined_in_a_notebook_cell_runs_on_two_ranks(no_leftovers):
+def test_a_function_defined_in_a_notebook_cell_runs_on_two_ranks(no_leftovers, monkeypatch, tmp_path):
+    # a kernel of this very Python, found before any "python3" kernel installed on the machine
+    spec = tmp_path / "kernels" / "paraflow-test"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "paraflow", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
-    client = nbclient.NotebookClient(
-        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": os.getcwd()}}
-    )
+    client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="paraflow-test")
     client.execute()
     outputs = ["".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream") for cell in notebook.cells]
     assert "RESULT [30.0, 30.0]" in outputs[2]
