@@ -21,7 +21,7 @@ __all__ = ["TrainingFeatures"]
 
 
 class TrainingFeatures:
-    """Accumulation, autocast, loss scaling, join, sampler, save and load for :class:`Backend`."""
+    """Accumulation, autocast, loss scaling, join, sampler, save, load and export for :class:`Backend`."""
 
     _micro_batches = 0
 
@@ -100,3 +100,28 @@ class TrainingFeatures:
         from ..training.checkpoint import load_checkpoint
 
         return load_checkpoint(self, path, state)
+
+    def export(self, path: str, state: Mapping[str, Any]) -> None:
+        """Write `state` as one full, unsharded checkpoint file that every backend's ``load`` reads.
+
+        The same file as :meth:`save` on backends that hold whole models; a sharding backend
+        gathers its shards into it. A collective call.
+        """
+        from ..training.checkpoint import save_checkpoint
+
+        save_checkpoint(self, path, state)
+
+    def _state_to_save(self, state: Mapping[str, Any]) -> dict:
+        """`state` as a full checkpoint stores it; called on every rank, rank 0's result is written.
+
+        Override where models or optimizers are spread over ranks (gather them here).
+        """
+        from ..training.checkpoint import state_to_save
+
+        return state_to_save(self, state)
+
+    def _restore_state(self, state: Optional[MutableMapping[str, Any]], saved: Mapping[str, Any], path: str) -> dict:
+        """Restore `state` in place from a full checkpoint's entries; return those not restored."""
+        from ..training.checkpoint import restore_state
+
+        return restore_state(self, state, saved, path)

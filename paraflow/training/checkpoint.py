@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 __all__ = [
     "save_checkpoint",
     "load_checkpoint",
+    "state_to_save",
+    "restore_state",
+    "has_state_dict",
+    "checkpoint_header",
     "atomic_write",
     "capture_rng_state",
     "restore_rng_state",
@@ -134,13 +138,55 @@ def _serialize(payload: Any, f: IO[bytes]) -> None:
     torch.save(payload, f)
 
 
+# ------------------------------------------------------------------------- state <-> entries
+def has_state_dict(value: Any) -> bool:
+    """Whether `value` is saved by its state dict (module, optimizer, scaler, sampler)."""
+    return isinstance(value, nn.Module) or (hasattr(value, "state_dict") and hasattr(value, "load_state_dict"))
+
+
+def checkpoint_header(backend: Backend) -> dict:
+    """What every checkpoint records about its writer: format version, backend, world size."""
+    return {"format": FORMAT_VERSION, "backend": backend.name, "world_size": backend.world_size}
+
+
+def state_to_save(backend: Backend, state: Mapping[str, Any]) -> dict:
+    """`state` as a checkpoint stores it: modules unwrapped and by state dict, stateful objects by
+    state dict, anything else as it is (what :meth:`Backend._state_to_save` does by default)."""
+    saved = {}
+    for key, value in state.items():
+        if isinstance(value, nn.Module):
+            saved[key] = backend.unwrap(value).state_dict()
+        elif has_state_dict(value):
+            saved[key] = value.state_dict()
+        else:
+            saved[key] = value
+    return saved
+
+
+def restore_state(
+    backend: Backend, state: Optional[MutableMapping[str, Any]], saved: Mapping[str, Any], path: str
+) -> dict:
+    """Restore `state` in place from the checkpoint entries `saved`; the entries not restored into
+    an object (what :meth:`Backend._restore_state` does by default)."""
+    rest = dict(saved)
+    for key, target in (state or {}).items():
+        if key not in saved:
+            raise ConfigurationError(f"checkpoint {path} has no entry {key!r}; it has: {', '.join(saved)}.")
+        if has_state_dict(target):
+            module = backend.unwrap(target) if isinstance(target, nn.Module) else target
+            try:
+                module.load_state_dict(saved[key])
+            except (RuntimeError, KeyError, ValueError) as exc:
+                raise ConfigurationError(
+                    f"checkpoint entry {key!r} does not fit this {type(target).__name__}: {exc}"
+                ) from exc
+            del rest[key]
+        else:
+            state[key] = saved[key]
+    return rest
+
+
 # ------------------------------------------------------------------------- save / load
-def _saveable(backend: Backend, value: Any) -> Any:
-    if isinstance(value, nn.Module):
-        return backend.unwrap(value).state_dict()
-    if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
-        return value.state_dict()
-    return value
 
 
 def _agree(backend: Backend, ok: bool) -> list[int]:
@@ -164,11 +210,12 @@ def save_checkpoint(backend: Backend, path: str, state: Mapping[str, Any]) -> No
             is left as it was).
     """
     rng = allgather_objects(backend, capture_rng_state(backend.device))
+    saveable = backend._state_to_save(state)  # on every rank: a sharded backend gathers here
     error: Optional[BaseException] = None
     if backend.is_main:
         payload = {
-            "paraflow": {"format": FORMAT_VERSION, "backend": backend.name, "world_size": backend.world_size},
-            "state": {key: _saveable(backend, value) for key, value in state.items()},
+            "paraflow": checkpoint_header(backend),
+            "state": saveable,
             "rng": rng,
         }
         try:
@@ -208,6 +255,12 @@ def load_checkpoint(
     checkpoint: Optional[dict] = None
     error: Optional[BaseException] = None
     try:
+        if os.path.isdir(path):
+            raise IsADirectoryError(
+                f"{path} is a directory, a sharded checkpoint (written by backend.save under fsdp); load it "
+                "with --backend fsdp (any number of ranks), or write a full file there with "
+                "backend.export(path, state) (train.py --export PATH) and load that"
+            )
         checkpoint = torch.load(path, map_location=backend.device, weights_only=True)
         if not isinstance(checkpoint, dict) or "paraflow" not in checkpoint:
             raise ValueError("not a paraflow checkpoint (written by something other than backend.save)")
@@ -218,22 +271,7 @@ def load_checkpoint(
         raise CheckpointError(
             f"could not read checkpoint {path} on rank(s) {failed}{': ' + str(error) if error is not None else ''}"
         ) from error
-    saved = checkpoint["state"]
-    rest = dict(saved)
-    for key, target in (state or {}).items():
-        if key not in saved:
-            raise ConfigurationError(f"checkpoint {path} has no entry {key!r}; it has: {', '.join(saved)}.")
-        if isinstance(target, nn.Module) or (hasattr(target, "load_state_dict") and hasattr(target, "state_dict")):
-            module = backend.unwrap(target) if isinstance(target, nn.Module) else target
-            try:
-                module.load_state_dict(saved[key])
-            except (RuntimeError, KeyError, ValueError) as exc:
-                raise ConfigurationError(
-                    f"checkpoint entry {key!r} does not fit this {type(target).__name__}: {exc}"
-                ) from exc
-            del rest[key]
-        else:
-            state[key] = saved[key]
+    rest = backend._restore_state(state, checkpoint["state"], path)
     if restore_rng:
         rng = checkpoint["rng"]
         restore_rng_state(rng[backend.rank % len(rng)], backend.device)
