@@ -8,6 +8,7 @@ Launch commands (N processes):
     mpirun -np N python train.py --backend horovod          # Horovod, MPI controller
     horovodrun -np N -H localhost:N --gloo python train.py --backend horovod
     srun -n N python train.py --backend ddp                 # SLURM
+    torchrun --nproc_per_node N train.py --backend fsdp --drop-last   # sharded (FSDP2)
 As root, mpirun needs --allow-run-as-root; more ranks than cores needs --oversubscribe.
 
 Training features, the same on every backend:
@@ -16,6 +17,7 @@ Training features, the same on every backend:
     --compression fp16              # 16-bit gradients on the wire (DDP hooks, horovod compression)
     --drop-last / --join on         # equal shards, or ranks with fewer batches join early
     --checkpoint ckpt.pt --save-every 100 --resume ckpt.pt
+    --export full.pt                # fsdp: one unsharded file that ddp, horovod, single resume from
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None, help="save here (atomically) at the end and every --save-every steps")
     p.add_argument("--save-every", type=int, default=0, help="optimizer steps between checkpoints (0: end only)")
     p.add_argument("--resume", default=None, help="continue from this checkpoint (written under any backend)")
+    p.add_argument(
+        "--export",
+        default=None,
+        help="at the end, also write a full checkpoint any backend resumes from (fsdp: unsharded)",
+    )
     return p.parse_args(argv)
 
 
@@ -175,6 +182,8 @@ def main(argv=None) -> dict:
                 break
         if args.checkpoint and saved_at != step:
             backend.save(args.checkpoint, state)
+        if args.export:
+            backend.export(args.export, state)
         return record.finish(
             model,
             json_out=args.json_out,

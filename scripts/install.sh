@@ -32,6 +32,6 @@ fi
 PY="$VENV/bin/python"
 # Pin torch before anything that depends on it: an unpinned torch pulls a multi-GB CUDA build.
 "$PY" -m pip install -q "$TORCH_SPEC"
-"$PY" -m pip install -q -e ".[mpi,horovod,bench,test,data]"
+"$PY" -m pip install -q -e ".[mpi,horovod,fsdp,bench,test,data]"
 bash scripts/build_horovod.sh "$PY"
 echo "paraflow installed in $VENV"

@@ -28,7 +28,7 @@ def main(name: str, out: str, accumulation: int = 1, mode: str = "no_sync", extr
         torch.manual_seed(SEED)
         model = backend.wrap_model(build_model("mlp", width=16))
         optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model)
-        messages = _count_gradient_messages(model, optimizer) if mode == "accumulate" else [0]
+        messages = _count_gradient_messages(model, optimizer, name) if mode == "accumulate" else [0]
         g = torch.Generator().manual_seed(SEED)
         n, r = backend.world_size, backend.rank
         share = GLOBAL_BATCH // n
@@ -55,12 +55,14 @@ def main(name: str, out: str, accumulation: int = 1, mode: str = "no_sync", extr
                     loss = F.cross_entropy(model(xs), ys) / accumulation
                     loss.backward()
             optimizer.step()
+        state = backend.unwrap(model).state_dict()
+        state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}  # fsdp's shards
         if backend.is_main:
-            torch.save({k: v.cpu() for k, v in backend.unwrap(model).state_dict().items()}, out)
+            torch.save({k: v.cpu() for k, v in state.items()}, out)
 
 
-def _count_gradient_messages(model, optimizer) -> list:
-    """A one-item counter of gradient allreduces started (DDP buckets, horovod tensors)."""
+def _count_gradient_messages(model, optimizer, backend_name) -> list:
+    """A one-item counter of gradient messages started (DDP buckets, horovod tensors, FSDP reduce-scatters)."""
     counter = [0]
     if hasattr(optimizer, "_allreduce_grad_async"):  # horovod's DistributedOptimizer
         start = optimizer._allreduce_grad_async
@@ -81,6 +83,16 @@ def _count_gradient_messages(model, optimizer) -> list:
             return tracked_then(dist.all_reduce(buffer, async_op=True).get_future(), lambda fut: fut.value()[0])
 
         model.register_comm_hook(None, hook)
+    elif backend_name == "fsdp":  # FSDP2's gradient reduce-scatters
+        import torch.distributed as dist
+
+        reduce_scatter = dist.reduce_scatter_single
+
+        def counting_reduce_scatter(*args, **kwargs):
+            counter[0] += 1
+            return reduce_scatter(*args, **kwargs)
+
+        dist.reduce_scatter_single = counting_reduce_scatter
     return counter
 
 

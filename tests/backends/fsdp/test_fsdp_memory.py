@@ -1,0 +1,70 @@
+"""Model-state memory in the comparison: what one rank holds, from tensor sizes, and its table column."""
+
+from pathlib import Path
+
+import pytest
+from conftest import launch_ok, read_rank_json
+
+from paraflow.bench.report.tables import TRAINING_COLUMNS, build_tables
+
+CHECKS = Path(__file__).resolve().parent / "workers" / "checks.py"
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_rank_holds_half_the_model_state_of_a_ddp_rank(tmp_path):
+    held = {}
+    for backend in ("fsdp", "ddp-gloo"):
+        out = tmp_path / backend
+        out.mkdir()
+        launch_ok("torchrun", 2, [Path(CHECKS), backend, out], timeout=180)
+        held[backend] = [r["model_state_bytes"] for r in read_rank_json(out, 2)]
+        full = read_rank_json(out, 2)[0]["full_parameter_bytes"]
+    for ddp in held["ddp-gloo"]:  # a replica: all of it, and AdamW's two moments
+        assert ddp["parameters"] == ddp["gradients"] == full
+        assert ddp["optimizer"] >= 2 * full
+    for fsdp, ddp in zip(held["fsdp"], held["ddp-gloo"]):
+        for part in ("parameters", "gradients", "optimizer"):
+            assert fsdp[part] / ddp[part] == pytest.approx(0.5, abs=0.02), part
+        assert sum(fsdp.values()) / sum(ddp.values()) == pytest.approx(0.5, abs=0.02)
+
+
+def test_training_table_shows_model_state_next_to_peak_memory():
+    def task(held):
+        return {
+            "model": "mlp",
+            "model_spec": "mlp",
+            "parameters": 10,
+            "grad_bytes": 40,
+            "batch_per_rank": 4,
+            "samples_per_step": 4,
+            "steps": 2,
+            "step_s": [0.01, 0.01],
+            "window_s": 0.02,
+            "losses": [2.0, 1.0],
+            "peak_memory_bytes": 300e6,
+            **({"model_state_bytes": held} if held else {}),
+        }
+
+    def cell(backend, tasks):
+        ranks = [{"rank": r, "device": "cpu", "tasks": {"train/mlp": t}} for r, t in enumerate(tasks)]
+        return {"kind": "train", "backend": backend, "launcher": "torchrun", "nproc": len(tasks), "threads": 1} | {
+            "models": ["mlp"],
+            "status": "ok",
+            "ranks": ranks,
+        }
+
+    keys = list(TRAINING_COLUMNS)
+    assert keys.index("model_state_mb") == keys.index("peak_mem_mb") + 1
+    rows = build_tables(
+        [
+            cell(
+                "fsdp",
+                [
+                    task({"parameters": 1e6, "gradients": 1e6, "optimizer": 2e6}),
+                    task({"parameters": 1.5e6, "gradients": 1e6, "optimizer": 2e6}),
+                ],
+            ),
+            cell("ddp-gloo", [task(None), task(None)]),  # recorded before model state was measured
+        ]
+    )["training"]
+    assert [r["model_state_mb"] for r in rows] == [4.5, None]  # the largest rank's, in MB
