@@ -1,7 +1,8 @@
 """The timed training loop one rank runs for one model (the same loop for every backend).
 
 Per rank it records: every step's wall time after synchronising the device, the wall time of
-the whole timed window (started after a barrier), each step's loss, peak memory, and, for
+the whole timed window (started after a barrier), each step's loss, peak memory, the model state
+it holds (parameters, gradients, optimizer state), and, for
 multi-process backends, interleaved pairs of steps with and without gradient synchronisation.
 Everything across ranks (max per step, throughput) is computed later from these raw numbers.
 """
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from ...examples.data import load_dataset
 from ...examples.models import build_model, count_parameters
 from ..driver.config import ModelSpec
+from .model_state import model_state_bytes
 
 __all__ = [
     "run_training",
@@ -197,6 +199,7 @@ def run_training(
         "window_s": window_s,
         "losses": [float(loss) for loss in losses],
         "loss_step": min_steps,
+        "model_state_bytes": model_state_bytes(model, optimizer),  # after a step: gradients and state exist
     }
 
     if backend.MULTI_PROCESS:

@@ -50,6 +50,8 @@ DEFINITIONS = [
     "step without sync runs forward and backward under backend.no_sync and a local optimizer update "
     "(horovod's inside optimizer.skip_synchronize(), since its step() would reduce the skipped gradients).",
     "peak mem: peak resident set size of the process on CPU (max over ranks), torch's peak allocated memory on CUDA.",
+    "model state: bytes of parameters, gradients and optimizer state one rank holds after a step, from the "
+    "tensors (a sharded backend's local shards), max over ranks.",
     "final loss: the loss of timed step number --steps (every cell runs at least that many; windows "
     "may run longer), mean over ranks: rows with the same process count start from the same seed and "
     "data, so their losses should agree.",

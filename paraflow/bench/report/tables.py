@@ -53,6 +53,7 @@ TRAINING_COLUMNS = {
     "weak_scaling_efficiency": "weak-scaling eff",
     "comm_overhead": "comm overhead",
     "peak_mem_mb": "peak mem MB",
+    "model_state_mb": "model state MB",
     "final_loss": "final loss",
     "status": "status",
 }
@@ -142,6 +143,13 @@ def _step_stats(per_rank: list, key: str) -> dict:
     return metrics.step_summary(metrics.slowest_rank_per_step([r[key] for r in per_rank]))
 
 
+def _model_state_mb(tasks: list) -> Optional[float]:
+    """Parameters + gradients + optimizer state one rank holds, the largest over ranks (None in
+    results recorded before it was measured)."""
+    held = [sum(t["model_state_bytes"].values()) for t in tasks if "model_state_bytes" in t]
+    return _r(max(held) / 1e6, 3) if len(held) == len(tasks) else None
+
+
 def _train_row(cell: dict, spec: str, tasks: Optional[list]) -> dict:
     ranks = cell.get("ranks") or []
     first = ranks[0] if ranks else {}
@@ -182,6 +190,7 @@ def _train_row(cell: dict, spec: str, tasks: Optional[list]) -> dict:
         samples_per_s_per_process=_r(x / cell["nproc"], 1),
         comm_overhead=_r(comm, 4),
         peak_mem_mb=_r(max(t["peak_memory_bytes"] for t in tasks) / 1e6, 1),
+        model_state_mb=_model_state_mb(tasks),
         final_loss=_r(statistics.fmean(t["losses"][t.get("loss_step", len(t["losses"])) - 1] for t in tasks), 4),
         status="ok",
     )
