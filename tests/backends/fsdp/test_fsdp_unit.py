@@ -80,6 +80,21 @@ def test_precision_and_compression_become_the_mixed_precision_policy():
     assert (plain.param_dtype, plain.reduce_dtype) == (None, None)
 
 
+def test_precision_computes_in_16_bits_on_float32_shards():
+    seen = []
+    with paraflow.init("fsdp", num_threads=1, precision="bf16") as b:
+        model = b.wrap_model(build_model("mlp", width=16))
+        optimizer = b.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        model.net[1].register_forward_hook(lambda m, i, o: seen.append((m.weight.dtype, o.dtype)))
+        with b.autocast():
+            loss = torch.nn.functional.cross_entropy(model(torch.randn(4, 1, 8, 8)), torch.tensor([0, 1, 2, 3]))
+        loss.backward()
+        optimizer.step()
+        assert seen == [(torch.bfloat16, torch.bfloat16)]
+        assert {p.dtype for p in optimizer.param_groups[0]["params"]} == {torch.float32}
+        assert {p.grad.dtype for p in optimizer.param_groups[0]["params"]} == {torch.float32}
+
+
 def test_unavailable_without_numpy_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy now raises ImportError
     assert "pip install 'paraflow[fsdp]'" in FSDPBackend.unavailable_reason()

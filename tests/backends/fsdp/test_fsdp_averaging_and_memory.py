@@ -1,4 +1,5 @@
-"""Model-state memory in the comparison: what one rank holds, from tensor sizes, and its table column."""
+"""Gradients averaged, not summed, and the model state one rank holds (from tensor sizes) with its
+benchmark column; tests/backends/fsdp/workers/checks.py runs once per backend for both."""
 
 from pathlib import Path
 
@@ -10,15 +11,33 @@ from paraflow.bench.report.tables import TRAINING_COLUMNS, build_tables
 CHECKS = Path(__file__).resolve().parent / "workers" / "checks.py"
 
 
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+    """Per backend, lazily: every rank's result of the checks worker at 2 ranks."""
+    cache = {}
+
+    def get(backend):
+        if backend not in cache:
+            out = tmp_path_factory.mktemp(f"checks-{backend}")
+            launch_ok("torchrun", 2, [CHECKS, backend, out], timeout=180)
+            cache[backend] = read_rank_json(out, 2)
+        return cache[backend]
+
+    return get
+
+
 @pytest.mark.timeout(300)
-def test_fsdp_rank_holds_half_the_model_state_of_a_ddp_rank(tmp_path):
-    held = {}
-    for backend in ("fsdp", "ddp-gloo"):
-        out = tmp_path / backend
-        out.mkdir()
-        launch_ok("torchrun", 2, [Path(CHECKS), backend, out], timeout=180)
-        held[backend] = [r["model_state_bytes"] for r in read_rank_json(out, 2)]
-        full = read_rank_json(out, 2)[0]["full_parameter_bytes"]
+def test_fsdp_gradients_are_averaged_over_ranks_not_summed(checks):
+    for result in checks("fsdp"):
+        assert result["ranks_differ"] > 1e-3  # else mean and sum could not be told apart
+        assert result["error_vs_mean"] < 1e-12
+        assert result["error_vs_sum"] > 1e-3
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_rank_holds_half_the_model_state_of_a_ddp_rank(checks):
+    full = checks("ddp-gloo")[0]["full_parameter_bytes"]
+    held = {backend: [r["model_state_bytes"] for r in checks(backend)] for backend in ("fsdp", "ddp-gloo")}
     for ddp in held["ddp-gloo"]:  # a replica: all of it, and AdamW's two moments
         assert ddp["parameters"] == ddp["gradients"] == full
         assert ddp["optimizer"] >= 2 * full
