@@ -143,13 +143,6 @@ def _step_stats(per_rank: list, key: str) -> dict:
     return metrics.step_summary(metrics.slowest_rank_per_step([r[key] for r in per_rank]))
 
 
-def _model_state_mb(tasks: list) -> Optional[float]:
-    """Parameters + gradients + optimizer state one rank holds, the largest over ranks (None in
-    results recorded before it was measured)."""
-    held = [sum(t["model_state_bytes"].values()) for t in tasks if "model_state_bytes" in t]
-    return _r(max(held) / 1e6, 3) if len(held) == len(tasks) else None
-
-
 def _train_row(cell: dict, spec: str, tasks: Optional[list]) -> dict:
     ranks = cell.get("ranks") or []
     first = ranks[0] if ranks else {}
@@ -177,6 +170,7 @@ def _train_row(cell: dict, spec: str, tasks: Optional[list]) -> dict:
         with_sync = _step_stats(tasks, "sync_pair_step_s")["median"]
         without = _step_stats(tasks, "no_sync_step_s")["median"]
         comm = metrics.communication_overhead(without, with_sync)
+    held = [sum(t["model_state_bytes"].values()) for t in tasks if "model_state_bytes" in t]  # not in older results
     row.update(
         model=t0["model"],
         batch_per_rank=t0["batch_per_rank"],
@@ -190,7 +184,7 @@ def _train_row(cell: dict, spec: str, tasks: Optional[list]) -> dict:
         samples_per_s_per_process=_r(x / cell["nproc"], 1),
         comm_overhead=_r(comm, 4),
         peak_mem_mb=_r(max(t["peak_memory_bytes"] for t in tasks) / 1e6, 1),
-        model_state_mb=_model_state_mb(tasks),
+        model_state_mb=_r(max(held) / 1e6, 3) if len(held) == len(tasks) else None,
         final_loss=_r(statistics.fmean(t["losses"][t.get("loss_step", len(t["losses"])) - 1] for t in tasks), 4),
         status="ok",
     )
