@@ -80,7 +80,7 @@ class HorovodBackend(HorovodCollectives, Backend):
         controller: str = "auto",
         **options: Any,
     ) -> None:
-        self._timeout_given = options.get("timeout") is not None or "PARAFLOW_TIMEOUT" in os.environ
+        self._timeout_given = options.get("timeout") is not None or bool(os.environ.get("PARAFLOW_TIMEOUT"))
         super().__init__(name, compression=compression, accumulation_steps=accumulation_steps, **options)
         self.reduce_op = check_one_of("reduce_op", reduce_op, REDUCE_OPS)
         self.requested_controller = check_one_of("controller", controller, CONTROLLERS)
