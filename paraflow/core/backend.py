@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..environment.launchers import ProcessEnvironment, detect_environment
-from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError
+from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, NotInitializedError
 from ..reliability.mpi_abort import abort_mpi_job_on_uncaught_error
 from ..training.precision import check_precision, check_precision_on
 from .collectives import Collectives
@@ -218,8 +218,16 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     # ---------------------------------------------------------------- helpers
     def _env(self) -> ProcessEnvironment:
         if self.env is None:
-            raise ParaflowError(f"backend {self.name!r} is not initialised; call init() first.")
+            raise self._not_initialized()
         return self.env
+
+    def _live(self) -> None:
+        """Raise NotInitializedError unless the backend is initialised (and not shut down)."""
+        if not self._initialized:
+            raise self._not_initialized()
+
+    def _not_initialized(self) -> NotInitializedError:
+        return NotInitializedError(f"backend {self.name!r} is not initialised (or was shut down); call init() first.")
 
     def _check_launcher(self, env: ProcessEnvironment) -> None:
         if self.expected_world_size is not None and self.expected_world_size != env.world_size:

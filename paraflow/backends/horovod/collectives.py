@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...errors import CollectiveError, ConfigurationError, ParaflowError
+from ...errors import CollectiveError, ConfigurationError
 from ...reliability.deadlines import wait_until
 from ...reliability.translation import translate_collective_error
 
@@ -74,8 +74,9 @@ class HorovodCollectives:
             raise
 
     def _horovod(self):
+        self._live()
         if self._hvd is None or self.controller is None:
-            raise ParaflowError(f"backend {self.name!r} is not initialised; call init() first.")
+            raise self._not_initialized()
         return self._hvd
 
     @contextlib.contextmanager
