@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..core.backend import Backend
 from ..environment.rendezvous import resolve_master
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, LauncherError
 from ..reliability.deadlines import call_with_deadline
 from ..reliability.debug import debug_enabled, enable_torch_debug
 from ..reliability.translation import startup_errors
@@ -85,6 +85,7 @@ class TorchDistributedBackend(Backend):
             return
         env = self.env
         if env.launcher == "torchrun":
+            _check_master(env)
             init_method = "env://"  # torchrun's agent already holds the store at MASTER_PORT
             addr, port = env.master_addr, env.master_port
         else:
@@ -162,6 +163,20 @@ class TorchDistributedBackend(Backend):
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
+
+
+def _check_master(env) -> None:
+    """torchrun's variables without rank 0's address: say which are missing, not torch's ValueError."""
+    missing = [
+        name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port)) if not value
+    ]
+    if missing:
+        raise LauncherError(
+            f"RANK and WORLD_SIZE are set (torchrun's variables), but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not, so rank {env.rank} cannot find rank 0. Launch with "
+            f"`torchrun --nproc_per_node {env.world_size} train.py`, which sets them, or set them yourself "
+            f"(on one host: MASTER_ADDR=127.0.0.1 MASTER_PORT=29500)."
+        )
 
 
 def store_for_this_attempt(address: str, port: int, world_size: int, timeout: float):
