@@ -19,7 +19,7 @@ from ..environment.rendezvous import resolve_master
 from ..errors import ConfigurationError, LauncherError
 from ..reliability.deadlines import call_with_deadline
 from ..reliability.debug import debug_enabled, enable_torch_debug
-from ..reliability.translation import startup_errors
+from ..reliability.translation import collective_errors, startup_errors
 
 __all__ = ["TorchDistributedBackend", "store_for_this_attempt"]
 
@@ -127,10 +127,22 @@ class TorchDistributedBackend(Backend):
         """What a subclass must release while the process group still exists (default: nothing)."""
 
     def _shutdown(self) -> None:
+        error: Optional[Exception] = None
+        if self._owns_group and dist.is_initialized() and not self._leaving_on_error and self.world_size > 1:
+            # Nobody leaves while a rank still needs the job: a rank that never gets here (stopped,
+            # stuck) is reported after the timeout instead of the job ending "successfully" without it.
+            try:
+                with collective_errors(self, "the barrier in shutdown() (leaving paraflow.init)"):
+                    self._barrier()
+            except Exception as exc:  # noqa: BLE001 - raised once the process group is gone
+                error = exc
         self._before_destroy()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False
+        self._leaving_on_error = False
+        if error is not None:
+            raise error
 
     def _on_comm_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """NCCL reduces CUDA tensors only: move a CPU tensor to this rank's GPU."""
