@@ -77,6 +77,10 @@ def watch_launch(backend, launcher, phase, directory):
                     pass
         time.sleep(0.1)
     launch.join()
+    ended = time.time()
+    for rank, pid in seen.items():  # gone between the last look and the launcher's end
+        if rank != 1 and rank not in gone and not alive(pid):
+            gone[rank] = ended
     return outcome["result"], stopped_at, gone, seen
 
 
