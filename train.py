@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Subset
 
 import paraflow
 from paraflow.core.options import COMPRESSIONS
+from paraflow.errors import ConfigurationError
 from paraflow.examples.data import DATASETS, load_dataset
 from paraflow.examples.models import MODELS, build_model
 from paraflow.examples.record import RunRecord
@@ -100,6 +101,24 @@ def evaluate(backend: paraflow.Backend, model: torch.nn.Module, dataset) -> floa
     return counts[0].item() / counts[1].item()
 
 
+def check_progress(progress: dict) -> dict:
+    """The saved progress in samples; a position counted per rank (older checkpoints) only at an epoch boundary.
+
+    A per-rank batch count resumes exactly only under the world size that wrote it, which those
+    checkpoints do not record, so part-way through an epoch it is refused rather than guessed.
+    """
+    if "batch" not in progress:
+        return progress
+    if progress["batch"]:
+        raise ConfigurationError(
+            f"this checkpoint stopped part-way through epoch {progress['epoch']} at batch {progress['batch']} per "
+            "rank, counted by an older train.py without the number of ranks, so it cannot be resumed exactly. "
+            "Resume from a checkpoint written at an epoch boundary, or with the train.py and the number of ranks "
+            "that wrote it."
+        )
+    return {"epoch": progress["epoch"], "sample": 0, "step": progress["step"]}
+
+
 @record  # under torchrun, a failing rank's traceback becomes the job's reported root cause
 def main(argv=None) -> dict:
     args = parse_args(argv)
@@ -119,13 +138,17 @@ def main(argv=None) -> dict:
         model = backend.wrap_model(build_model(args.model))
         optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), model)
         scaler = backend.grad_scaler()
-        # Where the next batch starts; a checkpoint holds it with everything training changes.
-        progress = {"epoch": 0, "batch": 0, "step": 0}
+        # Where the next batch starts, in samples of the epoch over all ranks (so a run may resume
+        # under another number of ranks); a checkpoint holds it with everything training changes.
+        progress = {"epoch": 0, "sample": 0, "step": 0}
         state = {"model": model, "optimizer": optimizer, "scaler": scaler, "sampler": sampler, "progress": progress}
         if args.resume:
             backend.load(args.resume, state)
-            progress = state["progress"]
-        uneven = len({math.ceil(n / args.batch_size) for n in sampler.shard_sizes()}) > 1
+            progress = state["progress"] = check_progress(state["progress"])
+        shards = [sampler.shard_sizes()]  # whole epochs, then the rest of the one resumed
+        sampler.set_epoch(progress["epoch"], position=progress["sample"])
+        shards.append(sampler.shard_sizes())
+        uneven = any(len({math.ceil(n / args.batch_size) for n in sizes}) > 1 for sizes in shards)
         join = args.join == "on" or (args.join == "auto" and uneven)
 
         record = RunRecord(
@@ -136,13 +159,12 @@ def main(argv=None) -> dict:
         for epoch in range(progress["epoch"], args.epochs):
             if args.steps and step >= args.steps:
                 break
-            first = progress["batch"] if epoch == progress["epoch"] else 0
-            sampler.set_epoch(epoch, start=first * args.batch_size)
-            batches_in_epoch = first + len(loader)
+            sampler.set_epoch(epoch, position=progress["sample"] if epoch == progress["epoch"] else 0)
+            batches_in_epoch = len(loader)
             loss_sum = torch.zeros((), dtype=torch.float64)
             batches, save_due = 0, False
             with backend.join(model, optimizer, scaler, enable=join):
-                for batch, (x, y) in enumerate(loader, start=first):
+                for batch, (x, y) in enumerate(loader):
                     with record.batch():
                         x, y = x.to(backend.device), y.to(backend.device)
                         with backend.accumulate(model) as sync:
@@ -156,7 +178,8 @@ def main(argv=None) -> dict:
                             optimizer.zero_grad(set_to_none=True)
                             step += 1
                             last = batch + 1 == batches_in_epoch
-                            progress.update(epoch=epoch + last, batch=0 if last else batch + 1, step=step)
+                            sample = 0 if last else sampler.position_after((batch + 1) * args.batch_size)
+                            progress.update(epoch=epoch + last, sample=sample, step=step)
                             if args.checkpoint and args.save_every and step % args.save_every == 0:
                                 save_due = True
                     compute_dtype = str(logits.dtype).replace("torch.", "")

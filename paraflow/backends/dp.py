@@ -10,6 +10,7 @@ from torch import nn
 
 from ..core.backend import Backend
 from ..core.collectives import LocalCollectives
+from ..errors import ConfigurationError
 
 __all__ = ["DataParallelBackend"]
 
@@ -60,6 +61,12 @@ class DataParallelBackend(LocalCollectives, Backend):
 
         With no GPU, torch's DataParallel keeps no device ids and calls the module directly.
         """
+        if isinstance(model, nn.DataParallel):
+            raise ConfigurationError(
+                "wrap_model was given a model it already wrapped (nn.DataParallel); wrapping it again would nest "
+                "DataParallel in DataParallel. Pass the module itself (backend.unwrap(model)), or keep using the "
+                "wrapped one."
+            )
         model = model.to(self.device)
         if self.device.type != "cuda":
             return nn.DataParallel(model)

@@ -16,10 +16,10 @@ import torch.distributed as dist
 
 from ..core.backend import Backend
 from ..environment.rendezvous import resolve_master
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, LauncherError
 from ..reliability.deadlines import call_with_deadline
 from ..reliability.debug import debug_enabled, enable_torch_debug
-from ..reliability.translation import startup_errors
+from ..reliability.translation import collective_errors, startup_errors
 
 __all__ = ["TorchDistributedBackend", "store_for_this_attempt"]
 
@@ -85,6 +85,7 @@ class TorchDistributedBackend(Backend):
             return
         env = self.env
         if env.launcher == "torchrun":
+            _check_master(env)
             init_method = "env://"  # torchrun's agent already holds the store at MASTER_PORT
             addr, port = env.master_addr, env.master_port
         else:
@@ -126,10 +127,22 @@ class TorchDistributedBackend(Backend):
         """What a subclass must release while the process group still exists (default: nothing)."""
 
     def _shutdown(self) -> None:
+        error: Optional[Exception] = None
+        if self._owns_group and dist.is_initialized() and not self._leaving_on_error and self.world_size > 1:
+            # Nobody leaves while a rank still needs the job: a rank that never gets here (stopped,
+            # stuck) is reported after the timeout instead of the job ending "successfully" without it.
+            try:
+                with collective_errors(self, "the barrier in shutdown() (leaving paraflow.init)"):
+                    self._barrier()
+            except Exception as exc:  # noqa: BLE001 - raised once the process group is gone
+                error = exc
         self._before_destroy()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False
+        self._leaving_on_error = False
+        if error is not None:
+            raise error
 
     def _on_comm_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """NCCL reduces CUDA tensors only: move a CPU tensor to this rank's GPU."""
@@ -162,6 +175,20 @@ class TorchDistributedBackend(Backend):
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
+
+
+def _check_master(env) -> None:
+    """torchrun's variables without rank 0's address: say which are missing, not torch's ValueError."""
+    missing = [
+        name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port)) if not value
+    ]
+    if missing:
+        raise LauncherError(
+            f"RANK and WORLD_SIZE are set (torchrun's variables), but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not, so rank {env.rank} cannot find rank 0. Launch with "
+            f"`torchrun --nproc_per_node {env.world_size} train.py`, which sets them, or set them yourself "
+            f"(on one host: MASTER_ADDR=127.0.0.1 MASTER_PORT=29500)."
+        )
 
 
 def store_for_this_attempt(address: str, port: int, world_size: int, timeout: float):

@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from ..environment.launchers import ProcessEnvironment, detect_environment
-from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError
-from ..reliability.mpi_abort import abort_mpi_job_on_uncaught_error
+from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, NotInitializedError
+from ..reliability.mpi_abort import abort_mpi_job_on_uncaught_error, leave_job_on_exit
+from ..reliability.translation import translate_escaped_error
 from ..training.precision import check_precision, check_precision_on
 from .collectives import Collectives
 from .features import TrainingFeatures
@@ -91,6 +92,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self.env: Optional[ProcessEnvironment] = None
         self.device = torch.device("cpu")
         self._initialized = False
+        self._leaving_on_error = False  # then shutdown skips its final barrier: others may be elsewhere
 
     # ---------------------------------------------------------------- what tools ask the class
     @classmethod
@@ -133,8 +135,8 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         else:
             torch.set_num_threads(threads_per_process(self.num_threads, self.local_world_size))
         self._init()
-        if self.env.is_mpi:
-            abort_mpi_job_on_uncaught_error()
+        if self.env.is_mpi or (self.env.launcher == "horovodrun" and self.world_size > 1):
+            abort_mpi_job_on_uncaught_error(mpi_launcher=self.env.is_mpi)
         self._initialized = True
         return self
 
@@ -147,13 +149,18 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     def __enter__(self) -> Backend:
         return self.init()
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any = None, traceback: Any = None) -> None:
+        self._leaving_on_error = exc_type is not None
         if exc_type is None or self.env is None or self.world_size == 1:
             self.shutdown()
-        else:
-            # Leaving on an error: stay connected until the process exits, so that its traceback
-            # is printed before the other ranks see it go (and report their own, later, errors).
-            atexit.register(self.shutdown)
+            return
+        # Leaving on an error: stay connected until the process exits, so that its traceback
+        # is printed before the other ranks see it go (and report their own, later, errors).
+        atexit.register(self.shutdown)
+        leave_job_on_exit(exc, self.rank, self.world_size)
+        translated = translate_escaped_error(self, exc)  # torch's own error from inside backward()
+        if translated is not None:
+            raise translated from exc
 
     def __repr__(self) -> str:
         where = f"rank {self.rank}/{self.world_size}" if self.env else "not initialised"
@@ -218,8 +225,16 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     # ---------------------------------------------------------------- helpers
     def _env(self) -> ProcessEnvironment:
         if self.env is None:
-            raise ParaflowError(f"backend {self.name!r} is not initialised; call init() first.")
+            raise self._not_initialized()
         return self.env
+
+    def _live(self) -> None:
+        """Raise NotInitializedError unless the backend is initialised (and not shut down)."""
+        if not self._initialized:
+            raise self._not_initialized()
+
+    def _not_initialized(self) -> NotInitializedError:
+        return NotInitializedError(f"backend {self.name!r} is not initialised (or was shut down); call init() first.")
 
     def _check_launcher(self, env: ProcessEnvironment) -> None:
         if self.expected_world_size is not None and self.expected_world_size != env.world_size:

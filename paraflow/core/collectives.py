@@ -64,7 +64,7 @@ class Collectives(abc.ABC):
 
     def barrier(self) -> None:
         """Wait until every rank reaches this call."""
-        self._env()
+        self._live()
         with self._guard("barrier"):
             self._barrier()
 
@@ -108,7 +108,7 @@ class Collectives(abc.ABC):
     def _check_tensor(self, tensor: Any, collective: str) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise ConfigurationError(f"{collective} takes a torch.Tensor, got {type(tensor).__name__}.")
-        self._env()
+        self._live()
 
 
 class LocalCollectives:
@@ -125,3 +125,4 @@ class LocalCollectives:
 
     def barrier(self) -> None:
         """Nothing to wait for in one process."""
+        self._live()

@@ -10,6 +10,7 @@ world size. The original exception stays chained (``raise ... from``).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -20,7 +21,14 @@ from ..errors import CollectiveError, CollectiveTimeoutError, LauncherError, Par
 if TYPE_CHECKING:
     from ..core.backend import Backend
 
-__all__ = ["collective_errors", "translate_collective_error", "startup_errors", "is_timeout", "is_peer_lost"]
+__all__ = [
+    "collective_errors",
+    "translate_collective_error",
+    "translate_escaped_error",
+    "startup_errors",
+    "is_timeout",
+    "is_peer_lost",
+]
 
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded|stalled", re.IGNORECASE)
 _PEER_LOST = re.compile(
@@ -102,6 +110,29 @@ def translate_collective_error(
     if translated is not None:
         translated.original = exc
     return translated
+
+
+def translate_escaped_error(backend: Backend, exc: BaseException) -> Optional[CollectiveError]:
+    """The paraflow error for torch's own communication failure leaving ``with paraflow.init()``, or None.
+
+    DDP reduces gradients inside ``loss.backward()``, where paraflow has no hook: a lost or silent
+    rank surfaces there as gloo's or NCCL's RuntimeError, naming neither rank nor call.
+    """
+    if not isinstance(exc, RuntimeError) or isinstance(exc, ParaflowError):
+        return None
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    in_backward = any(f"torch{os.sep}autograd{os.sep}" in name for name in frames)
+    return translate_collective_error(
+        exc,
+        collective="the gradient allreduce in loss.backward()" if in_backward else "a torch.distributed call",
+        rank=backend.rank,
+        world_size=backend.world_size,
+        backend=backend.name,
+        timeout=backend.timeout,
+    )
 
 
 @contextlib.contextmanager

@@ -9,7 +9,8 @@ own device.
 
 Models are stored unwrapped (``backend.unwrap(model).state_dict()``), so a checkpoint written
 under one backend loads under any other. Each rank's RNG states (torch CPU, CUDA, Python,
-NumPy) are stored too and restored on load.
+NumPy) are stored too and restored on load. Every byte is covered by a CRC-32 written with the
+file and verified before it is loaded (:mod:`paraflow.training.checksum`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import glob
 import os
 import random
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping, MutableMapping
 from typing import IO, TYPE_CHECKING, Any, Callable, Optional
@@ -27,6 +29,9 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, ConfigurationError
+from ..reliability.translation import collective_errors
+from .checkpoint_reader import read_checkpoint
+from .checksum import write_with_checksum
 from .object_collectives import allgather_objects
 
 if TYPE_CHECKING:
@@ -45,7 +50,8 @@ __all__ = [
     "FORMAT_VERSION",
 ]
 
-FORMAT_VERSION = 1
+#: 2: a CRC-32 of the file in the archive's comment (1: none).
+FORMAT_VERSION = 2
 
 
 # ------------------------------------------------------------------------- RNG states
@@ -135,7 +141,7 @@ def _free_space(path: str) -> str:
 
 
 def _serialize(payload: Any, f: IO[bytes]) -> None:
-    torch.save(payload, f)
+    write_with_checksum(payload, f)
 
 
 # ------------------------------------------------------------------------- state <-> entries
@@ -209,6 +215,11 @@ def save_checkpoint(backend: Backend, path: str, state: Mapping[str, Any]) -> No
         CheckpointError: on every rank, when rank 0 could not write (the previous file at `path`
             is left as it was).
     """
+    with collective_errors(backend, f"backend.save of checkpoint {path}"):
+        _save(backend, path, state)
+
+
+def _save(backend: Backend, path: str, state: Mapping[str, Any]) -> None:
     rng = allgather_objects(backend, capture_rng_state(backend.device))
     saveable = backend._state_to_save(state)  # on every rank: a sharded backend gathers here
     error: Optional[BaseException] = None
@@ -248,9 +259,15 @@ def load_checkpoint(
         in `state` (with `state=None`, everything, state dicts included).
 
     Raises:
-        CheckpointError: the file is missing or unreadable on some rank (all ranks raise).
+        CheckpointError: the file is missing, unreadable, damaged (its CRC-32 does not match) or
+            not a checkpoint on some rank, or its RNG state cannot be restored (all ranks raise).
         ConfigurationError: an entry is missing or does not fit its object.
     """
+    with collective_errors(backend, f"backend.load of checkpoint {path}"):
+        return _load(backend, path, state, restore_rng)
+
+
+def _load(backend: Backend, path: str, state: Optional[MutableMapping[str, Any]], restore_rng: bool) -> dict:
     backend.barrier()
     checkpoint: Optional[dict] = None
     error: Optional[BaseException] = None
@@ -261,9 +278,7 @@ def load_checkpoint(
                 "with --backend fsdp (any number of ranks), or write a full file there with "
                 "backend.export(path, state) (train.py --export PATH) and load that"
             )
-        checkpoint = torch.load(path, map_location=backend.device, weights_only=True)
-        if not isinstance(checkpoint, dict) or "paraflow" not in checkpoint:
-            raise ValueError("not a paraflow checkpoint (written by something other than backend.save)")
+        checkpoint, verified = read_checkpoint(path, backend.device, backend.rank, restore_rng)
     except Exception as exc:
         error = exc
     failed = _agree(backend, error is None)
@@ -271,6 +286,13 @@ def load_checkpoint(
         raise CheckpointError(
             f"could not read checkpoint {path} on rank(s) {failed}{': ' + str(error) if error is not None else ''}"
         ) from error
+    if not verified and backend.is_main:
+        print(
+            f"paraflow: checkpoint {path} has no checksum (written before paraflow stored one); loaded without "
+            "verifying its bytes. The next backend.save writes one.",
+            file=sys.stderr,
+            flush=True,
+        )
     rest = backend._restore_state(state, checkpoint["state"], path)
     if restore_rng:
         rng = checkpoint["rng"]

@@ -56,25 +56,43 @@ class ShardSampler(Sampler[int]):
         self.drop_last = drop_last
         self.epoch = 0
         self.start = 0
+        self.position = 0
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Use epoch `epoch`'s permutation; skip the first `start` indices of this rank's shard.
+    def set_epoch(self, epoch: int, start: int = 0, position: int = 0) -> None:
+        """Use epoch `epoch`'s permutation, from `position` on; skip this rank's first `start` indices.
 
-        ``start`` resumes an epoch part-way through (batches done x batch size).
+        Args:
+            epoch: the epoch, which picks the permutation.
+            start: indices of this rank's shard to skip (per rank: resumes exactly only under
+                the world size that counted them).
+            position: samples of the epoch's permutation already trained, over all ranks (from
+                :meth:`position_after`): the rest is dealt out among the current ranks, so an
+                epoch resumes exactly under any world size.
         """
-        if start < 0:
-            raise ConfigurationError(f"start must not be negative, got {start}.")
+        if start < 0 or position < 0:
+            raise ConfigurationError(f"start and position must not be negative, got {start} and {position}.")
         self.epoch = int(epoch)
         self.start = int(start)
+        self.position = int(position)
+
+    def position_after(self, samples_per_rank: int) -> int:
+        """The epoch's position (samples over all ranks) once every rank has trained `samples_per_rank`
+        more of its indices; save it, and resume with ``set_epoch(epoch, position=...)``.
+
+        Exact while the ranks go in step (mid-epoch, equal batches); at the end of an epoch start
+        the next one at position 0.
+        """
+        return min(self._used_length(), self.position + self.num_replicas * (self.start + int(samples_per_rank)))
 
     def _used_length(self) -> int:
+        """Where the part of the permutation dealt out ends (drop_last: so that the shards are equal)."""
         if self.drop_last:
-            return self.dataset_length - self.dataset_length % self.num_replicas
+            return self.dataset_length - max(0, self.dataset_length - self.position) % self.num_replicas
         return self.dataset_length
 
     def shard_sizes(self) -> list[int]:
-        """Number of indices each rank gets per epoch (before any ``start`` skip), indexed by rank."""
-        used, n = self._used_length(), self.num_replicas
+        """Number of indices each rank gets this epoch from ``position`` on (before any ``start`` skip), by rank."""
+        used, n = max(0, self._used_length() - self.position), self.num_replicas
         return [used // n + (1 if r < used % n else 0) for r in range(n)]
 
     def indices(self) -> list[int]:
@@ -84,7 +102,7 @@ class ShardSampler(Sampler[int]):
             order = torch.randperm(self.dataset_length, generator=g)
         else:
             order = torch.arange(self.dataset_length)
-        order = order[: self._used_length()]
+        order = order[self.position : self._used_length()]
         return order[self.rank :: self.num_replicas][self.start :].tolist()
 
     def __iter__(self) -> Iterator[int]:

@@ -41,7 +41,7 @@ def test_uneven_shards_join_and_checkpoint_after_the_join(tmp_path, backend):
     # Rank 0 ran 4 batches per epoch and rank 1 three: 4 optimizer steps per epoch.
     assert summary["steps"] == 8
     progress = torch.load(checkpoint, weights_only=True)["state"]["progress"]
-    assert progress == {"epoch": 2, "batch": 0, "step": 8}
+    assert progress == {"epoch": 2, "sample": 0, "step": 8}
 
 
 @pytest.mark.timeout(240)

@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ...errors import ConfigurationError
+from ...reliability.translation import collective_errors
 from ..torch_distributed import TorchDistributedBackend
 from .checked import CheckedDistributedDataParallel
 from .comm_hooks import release_continuations
@@ -61,10 +62,21 @@ class DDPBackend(TorchDistributedBackend):
         release_continuations()  # a gloo thread still releasing a hook's continuation needs the GIL
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Move `model` to this rank's device and wrap it in DistributedDataParallel."""
+        """Move `model` to this rank's device and wrap it in DistributedDataParallel.
+
+        DDP's constructor broadcasts rank 0's parameters and buffers: a rank that does not join
+        it fails with CollectiveTimeoutError after the timeout.
+        """
+        self._live()
+        if isinstance(model, DistributedDataParallel):
+            raise ConfigurationError(
+                "wrap_model was given a model it already wrapped (DistributedDataParallel); wrapping it again "
+                "would nest DDP in DDP. Pass the module itself (backend.unwrap(model)), or keep using the wrapped one."
+            )
         model = model.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = CheckedDistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
+        with collective_errors(self, "wrap_model (DDP's broadcast of rank 0's parameters and buffers)"):
+            wrapped = CheckedDistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
         wrapped.paraflow_backend_name = self.name
         register_ddp_compression(wrapped, self.compression, self.transport)
         return wrapped

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any, ContextManager, Optional
 
 import torch
@@ -80,7 +81,7 @@ class HorovodBackend(HorovodCollectives, Backend):
         controller: str = "auto",
         **options: Any,
     ) -> None:
-        self._timeout_given = options.get("timeout") is not None or "PARAFLOW_TIMEOUT" in os.environ
+        self._timeout_given = options.get("timeout") is not None or bool(os.environ.get("PARAFLOW_TIMEOUT"))
         super().__init__(name, compression=compression, accumulation_steps=accumulation_steps, **options)
         self.reduce_op = check_one_of("reduce_op", reduce_op, REDUCE_OPS)
         self.requested_controller = check_one_of("controller", controller, CONTROLLERS)
@@ -101,7 +102,6 @@ class HorovodBackend(HorovodCollectives, Backend):
         self._rendezvous = None
         self._env_vars = ScopedEnv()
         self._optimizers: list[torch.optim.Optimizer] = []
-        self._leaving_on_error = False
 
     # ---------------------------------------------------------------- availability
     @classmethod
@@ -167,27 +167,26 @@ class HorovodBackend(HorovodCollectives, Backend):
             check_horovod_world(hvd, self.env)
             self.controller = "mpi" if hvd.mpi_enabled() else "gloo"
             self._check_reduce_op()
+            self._progress_at = time.monotonic()
         except BaseException:
             self._leaving_on_error = True
             self._shutdown()
             raise
 
-    def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        # Leaving on an error: other ranks may sit in another collective, so skip the final barrier.
-        self._leaving_on_error = exc_type is not None
-        super().__exit__(exc_type, *rest)
-
     def _shutdown(self) -> None:
         hvd = self._hvd
         if getattr(self, "_stuck", False):  # a timed-out wait: horovod.shutdown() would block too
             hvd = None
+        error: Optional[Exception] = None
         if hvd is not None and self._owns_horovod and hvd.is_initialized():
             mpi = hvd.mpi_enabled()
-            try:
-                if not self._leaving_on_error:
-                    hvd.barrier()  # nobody leaves while a rank still needs the job
-            except Exception:  # noqa: BLE001 - a broken job still has to shut down
-                pass
+            if not self._leaving_on_error:  # leaving on an error: others may sit in another collective
+                what = "barrier in shutdown() (leaving paraflow.init)"
+                try:  # nobody leaves while a rank still needs the job; a rank that never comes is an error
+                    with self.horovod_errors(what), self.bounded(what):
+                        hvd.barrier()
+                except Exception as exc:  # noqa: BLE001 - raised once horovod is shut down
+                    error = exc
             hvd.shutdown()
             if mpi and not self._uses_mpi4py:
                 note_mpi_shut_down()
@@ -199,6 +198,8 @@ class HorovodBackend(HorovodCollectives, Backend):
         self._optimizers.clear()
         self._leaving_on_error = False
         self.controller = None
+        if error is not None:
+            raise error
 
     def _check_reduce_op(self) -> None:
         if self.reduce_op == "adasum" and self.controller != "mpi" and self.device.type != "cuda":
@@ -216,7 +217,8 @@ class HorovodBackend(HorovodCollectives, Backend):
         """
         hvd = self._horovod()
         model = model.to(self.device)
-        with self.horovod_errors("broadcast of the model's parameters and buffers"):
+        what = "broadcast of the model's parameters and buffers in wrap_model"
+        with self.horovod_errors(what), self.bounded(what):
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model
 

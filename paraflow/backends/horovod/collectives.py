@@ -1,7 +1,10 @@
 """Horovod's collectives behind paraflow's public calls, each wait bounded by the timeout.
 
-Under the MPI controller horovod's own wait has no timeout, so every handle is polled until the
-backend's timeout; horovod's errors become paraflow's, naming the collective and this rank.
+Under the MPI controller horovod's own wait has no timeout. The public collectives poll their
+handle until the backend's timeout (so the error can be caught); every other horovod wait
+(broadcasts in ``wrap_model`` and ``wrap_optimizer``, the gradient wait in ``step()``, barriers,
+``join``) runs under the watchdog (:mod:`paraflow.reliability.watchdog`), which costs nothing
+while it ends in time. Horovod's errors become paraflow's, naming the call and this rank.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ from typing import Any
 
 import torch
 
-from ...errors import CollectiveError, ConfigurationError, ParaflowError
-from ...reliability.deadlines import wait_until
+from ...errors import CollectiveError, ConfigurationError
+from ...reliability.deadlines import DeadlineExceeded, wait_until
 from ...reliability.translation import translate_collective_error
+from ...reliability.watchdog import watchdog
 
 __all__ = ["HorovodCollectives"]
 
 _COLLECTIVE_OPS = {"sum": "Sum", "mean": "Average", "min": "Min", "max": "Max"}
+#: Under gloo horovod's own timeout (HOROVOD_GLOO_TIMEOUT_SECONDS) ends a wait with an error that
+#: can be caught; the watchdog acts only this much later, if that did not happen.
+_GLOO_GRACE_S = 10.0
 
 
 class HorovodCollectives:
@@ -51,7 +58,7 @@ class HorovodCollectives:
     def _barrier(self) -> None:
         """Wait for every rank (horovod's barrier)."""
         hvd = self._horovod()
-        with self.horovod_errors("barrier"):
+        with self.horovod_errors("barrier"), self.bounded("barrier"):
             hvd.barrier()
 
     # ---------------------------------------------------------------- helpers
@@ -73,17 +80,46 @@ class HorovodCollectives:
             self._stuck = True
             raise
 
+    def bounded(self, what: str):
+        """Context around a horovod wait that cannot be polled: once it outlives the timeout the
+        watchdog prints its CollectiveTimeoutError and ends the process (MPI_Abort under MPI)."""
+        grace = 0.0 if self.controller == "mpi" else _GLOO_GRACE_S
+        return watchdog.watch(self.timeout + grace, lambda waited: self._past_timeout(what, waited))
+
+    def _past_timeout(self, what: str, waited: float) -> str:
+        error = translate_collective_error(
+            DeadlineExceeded(f"waiting timed out after {waited:.0f} s"),
+            collective=f"horovod {what}",
+            rank=self.rank,
+            world_size=self.world_size,
+            backend=self.name,
+            timeout=self.timeout,
+            waited=waited,
+        )
+        kind = f"{type(error).__module__}.{type(error).__name__}"
+        return (
+            f"paraflow: rank {self.rank}: horovod's wait cannot be interrupted and outlived the timeout, so this "
+            f"process ends now (the launcher then ends the job).\n{kind}: {error}"
+        )
+
     def _horovod(self):
+        self._live()
         if self._hvd is None or self.controller is None:
-            raise ParaflowError(f"backend {self.name!r} is not initialised; call init() first.")
+            raise self._not_initialized()
         return self._hvd
 
     @contextlib.contextmanager
     def horovod_errors(self, what: str) -> Iterator[None]:
-        """Turn horovod's errors into paraflow's, naming the collective and this rank."""
+        """Turn horovod's errors into paraflow's, naming the collective and this rank.
+
+        Horovod's gloo controller reports a rank that stopped answering as "Horovod has been shut
+        down" once its own timeout runs out, counted from when the job last made progress: so the
+        wait is measured from the end of this rank's last horovod call, if that came earlier.
+        """
         start = time.monotonic()
         try:
             yield
+            self._progress_at = time.monotonic()
         except ValueError as exc:  # horovod refuses the tensor itself (dtype, layout)
             raise ConfigurationError(f"horovod cannot run the {what}: {exc}") from exc
         except RuntimeError as exc:  # HorovodInternalError: ranks disagree, or the job broke
@@ -94,7 +130,7 @@ class HorovodCollectives:
                 world_size=self.world_size,
                 backend=self.name,
                 timeout=self.timeout,
-                waited=time.monotonic() - start,
+                waited=time.monotonic() - min(start, getattr(self, "_progress_at", start)),
             )
             if translated is not None:
                 raise translated from exc

@@ -27,6 +27,8 @@ def horovod_join(backend: Backend, model: nn.Module, stateful: Sequence[Any], en
         return
     import horovod.torch as hvd
 
-    last = hvd.join(backend.device.index if backend.device.type == "cuda" else -1)
-    hvd.broadcast_parameters(backend.unwrap(model).state_dict(), root_rank=last)
+    what = "hvd.join() and broadcast of the last rank's model in backend.join"
+    with backend.horovod_errors(what), backend.bounded(what):
+        last = hvd.join(backend.device.index if backend.device.type == "cuda" else -1)
+        hvd.broadcast_parameters(backend.unwrap(model).state_dict(), root_rank=last)
     copy_state_from(backend, stateful, src=last)

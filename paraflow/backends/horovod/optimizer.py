@@ -1,5 +1,6 @@
 """Horovod's DistributedOptimizer under paraflow: built from the user's optimizer and model,
-rank 0's state given to every rank, the wait in ``step()`` bounded, and ``no_sync`` for horovod.
+rank 0's state given to every rank, the wait in ``step()`` bounded (by the watchdog, which costs
+nothing while the wait ends in time), and ``no_sync`` for horovod.
 
 Horovod averages gradients in the optimizer: hooks on each gradient accumulator start an
 allreduce when a parameter's backward-pass count reaches ``backward_passes_per_step``, and
@@ -73,7 +74,8 @@ def _broadcast_optimizer_state(
     with a zero-gradient step (which counts as a step for Adam and moves parameters under
     weight decay), so then only the hyperparameters are broadcast.
     """
-    with backend.horovod_errors("broadcast of the optimizer state"):
+    what = "broadcast of the optimizer state in wrap_optimizer"
+    with backend.horovod_errors(what), backend.bounded(what):
         if hvd.broadcast_object(
             bool(optimizer.state_dict()["state"]), root_rank=0, name="paraflow.optimizer.has_state"
         ):
@@ -88,14 +90,12 @@ def _broadcast_optimizer_state(
 
 
 def _bound_gradient_sync(backend: HorovodBackend, optimizer: torch.optim.Optimizer) -> None:
-    """Make ``optimizer.step``'s wait for the gradient allreduces fail after the timeout."""
+    """Bound ``optimizer.step``'s wait for the gradient allreduces by the timeout; errors become paraflow's."""
     synchronize = optimizer.synchronize
+    what = "gradient allreduce in optimizer.step"
 
     def bounded_synchronize() -> None:
-        with backend.horovod_errors("gradient allreduce in optimizer.step"):
-            for handle, _ in list(optimizer._handles.values()):
-                if isinstance(handle, int):
-                    backend.poll(handle)
+        with backend.horovod_errors(what), backend.bounded(what):
             return synchronize()
 
     optimizer.synchronize = bounded_synchronize

@@ -4,6 +4,7 @@ Usage: <launcher> python tests/reliability/workers/steps.py BACKEND STEPS [FAULT
 
 FAULT, done by rank RANK at step STEP (counted from 1):
     kill   SIGKILL itself between the forward and the backward pass
+    exit   sys.exit(3) at the same point
     raise  raise an exception in the middle of the step
     stop   SIGSTOP itself right before the step's allreduce
     skip   leave out the step's allreduce, then idle far past the timeout
@@ -53,6 +54,9 @@ def main(name: str, steps: int, fault: str = "none", fault_rank: int = -1, fault
                 if mine and fault == "kill":
                     event(rank=rank, fault="kill", step=step)
                     os.kill(os.getpid(), signal.SIGKILL)
+                if mine and fault == "exit":
+                    event(rank=rank, fault="exit", step=step)
+                    sys.exit(3)
                 if mine and fault == "raise":
                     event(rank=rank, fault="raise", step=step)
                     raise InjectedFailure(f"injected failure on rank {rank} at step {step}")

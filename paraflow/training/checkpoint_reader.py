@@ -1,0 +1,101 @@
+"""Reading one checkpoint file on one rank: checksum first, then torch.load, with errors that say
+what is wrong with the file (damaged, truncated, not a checkpoint, an RNG entry that cannot be
+restored) instead of what torch or pickle happened to raise."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .checksum import ChecksumMismatch, verify_checksum
+
+__all__ = ["UnreadableCheckpoint", "read_checkpoint", "check_rng_state"]
+
+_ZIP_SIGNATURE = b"PK\x03\x04"
+
+
+class UnreadableCheckpoint(ValueError):
+    """The file exists but is not a whole checkpoint; the message says why."""
+
+
+def read_checkpoint(path: str, device: torch.device, rank: int, check_rng: bool) -> tuple[dict, bool]:
+    """The checkpoint at `path` loaded onto `device`, and whether it carried a checksum.
+
+    Args:
+        path: the file.
+        device: where tensors go (``map_location``).
+        rank: this process's rank, whose saved RNG state is checked.
+        check_rng: whether to check that this rank's saved RNG state can be restored.
+
+    Raises:
+        OSError: the file cannot be opened.
+        UnreadableCheckpoint: it is damaged, truncated, or not a checkpoint.
+    """
+    with open(path, "rb") as f:
+        try:
+            verified = verify_checksum(f)
+        except ChecksumMismatch as exc:
+            raise UnreadableCheckpoint(
+                f"it is damaged: {exc}; nothing was loaded. Use another copy of it, or an earlier checkpoint"
+            ) from None
+        try:
+            checkpoint = torch.load(f, map_location=device, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - described below, chained
+            raise UnreadableCheckpoint(_describe(f, exc)) from exc
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("paraflow"), dict):
+        raise UnreadableCheckpoint("it is not a paraflow checkpoint (written by something other than backend.save)")
+    if not verified and checkpoint["paraflow"].get("format", 1) >= 2:
+        raise UnreadableCheckpoint(
+            "it is damaged: its checksum is missing (the end of the file was changed after the write); "
+            "nothing was loaded. Use another copy of it, or an earlier checkpoint"
+        )
+    if check_rng:
+        states = checkpoint.get("rng") or []
+        if not states:
+            raise UnreadableCheckpoint("it holds no RNG states")
+        check_rng_state(states[rank % len(states)], f"the RNG state saved by rank {rank % len(states)}")
+    return checkpoint, verified
+
+
+def check_rng_state(state: Mapping[str, Any], what: str) -> None:
+    """Raise UnreadableCheckpoint unless `state` (from ``capture_rng_state``) can be restored.
+
+    Each part is tried on a scratch generator, so nothing changes in this process.
+    """
+    try:
+        torch.Generator().set_state(state["torch"].cpu())
+        py = state["python"]
+        random.Random().setstate((py[0], tuple(py[1]), py[2]))
+        if "numpy" in state:
+            try:
+                import numpy as np
+            except ImportError:
+                return
+            name, keys, pos, has_gauss, gauss = state["numpy"]
+            np.random.RandomState().set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))
+    except Exception as exc:  # noqa: BLE001 - OverflowError, ValueError, TypeError, KeyError, ...
+        raise UnreadableCheckpoint(
+            f"{what} cannot be restored ({type(exc).__name__}: {exc}): the entry is damaged or was not written by "
+            "backend.save. Load with paraflow.load_checkpoint(backend, path, state, restore_rng=False) to keep "
+            "this process's RNG states"
+        ) from exc
+
+
+def _describe(f, exc: BaseException) -> str:
+    size = f.seek(0, 2)
+    f.seek(0)
+    head = f.read(4)
+    if size == 0:
+        return "the file is empty"
+    if head != _ZIP_SIGNATURE:
+        return (
+            f"it is not a checkpoint: backend.save writes a zip archive (torch.save's format), and this file of "
+            f"{size} bytes starts with {head!r}"
+        )
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (
+        f"it is truncated or damaged ({size} bytes; torch.load: {type(exc).__name__}{': ' + detail if detail else ''})"
+    )
