@@ -14,6 +14,7 @@ __all__ = [
     "CheckpointError",
     "RankFailedError",
     "LaunchTimeoutError",
+    "NotInitializedError",
 ]
 
 
@@ -81,3 +82,7 @@ class LaunchTimeoutError(ParaflowError, TimeoutError):
     def __init__(self, message: str, unfinished: list) -> None:
         super().__init__(message)
         self.unfinished = unfinished
+
+
+class NotInitializedError(ParaflowError, RuntimeError):
+    """A call that needs an initialised backend came before ``paraflow.init`` (or after shutdown)."""

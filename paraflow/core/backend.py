@@ -5,19 +5,25 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
-from typing import Any, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 from torch import nn
 
 from ..environment.launchers import ProcessEnvironment, detect_environment
-from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError
+from ..environment.mpi_yield import apply_mpi_yield
+from ..errors import BackendUnavailableError, LauncherError, NotInitializedError
+from ..reliability.activity import attach_markers, attach_step_marker
 from ..reliability.mpi_abort import abort_mpi_job_on_uncaught_error
+from ..reliability.stall import StallWatch, stall_threshold_seconds, start_stall_watch
 from ..training.precision import check_precision, check_precision_on
+from .banner import banner_enabled, print_banner
 from .collectives import Collectives
+from .current import clear_current, set_current
 from .features import TrainingFeatures
-from .options import COMMON_OPTIONS, check_accumulation_steps, check_compression, timeout_seconds
-from .placement import select_device, threads_per_process
+from .options import check_accumulation_steps, check_compression, timeout_seconds
+from .placement import cores, select_device, threads_per_process
+from .portable_options import announce_ignored, split_foreign_options
 
 __all__ = ["Backend"]
 
@@ -45,6 +51,13 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         compression: gradient compression on the wire, "none" (default), "fp16" or "bf16";
             a backend that cannot do the one asked for raises ConfigurationError (COMPRESSIONS).
         accumulation_steps: micro-batches per optimizer step under :meth:`accumulate` (default 1).
+        banner: print the one-line start-up banner on rank 0 (default: True unless PARAFLOW_BANNER=0).
+        stall_threshold: seconds ranks may wait on each other before every rank prints a
+            ``paraflow stall:`` report (default 30, or PARAFLOW_STALL_THRESHOLD; at most half the
+            timeout; 0 turns it off). See :mod:`paraflow.reliability.stall`.
+
+    Options of other registered backends are accepted and ignored (rank 0 says so once), so one
+    script can carry every backend's tuning; a name no backend takes is a ConfigurationError.
     """
 
     #: Backend-specific option names accepted besides the common ones.
@@ -69,15 +82,11 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         precision: str = "fp32",
         compression: str = "none",
         accumulation_steps: int = 1,
+        banner: Optional[bool] = None,
+        stall_threshold: Optional[float] = None,
         **options: Any,
     ) -> None:
-        unknown = set(options) - self.OPTIONS
-        if unknown:
-            accepted = sorted(self.OPTIONS | COMMON_OPTIONS)
-            raise ConfigurationError(
-                f"backend {name!r} does not take option(s) {', '.join(sorted(unknown))}; "
-                f"it accepts: {', '.join(accepted)}."
-            )
+        self.ignored_options = split_foreign_options(name, self.OPTIONS, options)
         self.name = name
         self.options = options
         self.num_threads = num_threads
@@ -87,6 +96,9 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self.precision = check_precision(precision)
         self.compression = check_compression(name, compression, self.COMPRESSIONS, self.COMPRESSION_LIMIT)
         self.accumulation_steps = check_accumulation_steps(accumulation_steps)
+        self.banner = banner_enabled(banner)
+        self.stall_threshold = stall_threshold_seconds(stall_threshold)
+        self._stall: Optional[StallWatch] = None
         self._micro_batches = 0
         self.env: Optional[ProcessEnvironment] = None
         self.device = torch.device("cpu")
@@ -132,16 +144,29 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
             torch.cuda.set_device(self.device)
         else:
             torch.set_num_threads(threads_per_process(self.num_threads, self.local_world_size))
+        apply_mpi_yield(self.env, torch.get_num_threads(), cores())  # before anything starts MPI
         self._init()
+        try:
+            self._stall = start_stall_watch(self)
+        except BaseException:
+            self._shutdown()
+            raise
         if self.env.is_mpi:
             abort_mpi_job_on_uncaught_error()
         self._initialized = True
+        set_current(self)
+        if self.banner:
+            print_banner(self)
+        announce_ignored(self.name, self.ignored_options, self.rank == 0)
         return self
 
     def shutdown(self) -> None:
         """Leave the job and release communication resources; safe to call twice."""
         if self._initialized:
             self._initialized = False
+            clear_current(self)
+            if self._stall is not None:
+                self._stall.stop()
             self._shutdown()
 
     def __enter__(self) -> Backend:
@@ -189,7 +214,11 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     def wrap_optimizer(
         self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None
     ) -> torch.optim.Optimizer:
-        """Return an optimizer whose step sees synchronised gradients (unchanged by default)."""
+        """Return an optimizer whose step sees synchronised gradients (unchanged by default).
+
+        `model` is optional on every backend (horovod names gradients after it when given).
+        """
+        self._mark_optimizer(optimizer)
         return optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
@@ -215,10 +244,27 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     def _presets(self) -> dict:
         return {}
 
+    def _stall_store(self) -> Optional[Callable[[], Any]]:
+        """An opener of the store the stall reports meet in (default: rank 0 serves one; a collective call)."""
+        from ..reliability.stall_store import hosted_store
+
+        return hosted_store(self)
+
+    def _mark_model(self, model: nn.Module) -> nn.Module:
+        """Let the stall report and the uneven-shard check see `model`'s forward passes; returns it."""
+        if self._activity is not None:
+            attach_markers(self._activity, model)
+        return model
+
+    def _mark_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Let the stall report see the end of each ``optimizer.step()``."""
+        if self._activity is not None:
+            attach_step_marker(self._activity, optimizer)
+
     # ---------------------------------------------------------------- helpers
     def _env(self) -> ProcessEnvironment:
         if self.env is None:
-            raise ParaflowError(f"backend {self.name!r} is not initialised; call init() first.")
+            raise NotInitializedError(f"backend {self.name!r} is not initialised; call init() first.")
         return self.env
 
     def _check_launcher(self, env: ProcessEnvironment) -> None:

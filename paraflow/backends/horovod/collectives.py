@@ -15,6 +15,7 @@ import torch
 
 from ...errors import CollectiveError, ConfigurationError, ParaflowError
 from ...reliability.deadlines import wait_until
+from ...reliability.stall import stall_facts
 from ...reliability.translation import translate_collective_error
 
 __all__ = ["HorovodCollectives"]
@@ -95,6 +96,7 @@ class HorovodCollectives:
                 backend=self.name,
                 timeout=self.timeout,
                 waited=time.monotonic() - start,
+                facts=stall_facts(self),
             )
             if translated is not None:
                 raise translated from exc
