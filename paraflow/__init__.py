@@ -2,6 +2,7 @@
 
 import paraflow
 backend = paraflow.init("ddp")          # or None: PARAFLOW_BACKEND, else by launcher
+paraflow.current(), paraflow.rank()     # the same backend, from anywhere in the script
 model = backend.wrap_model(model)
 optimizer = backend.wrap_optimizer(optimizer, model)
 """
@@ -16,6 +17,7 @@ from . import (
     errors,
 )
 from .core.backend import Backend
+from .core.current import current, is_main, local_rank, rank, world_size
 from .core.registry import available_backends, register_backend, registered_names
 from .environment import ProcessEnvironment, detect_environment
 from .errors import *  # noqa: F403  (every error class, listed in errors.__all__)
@@ -32,6 +34,11 @@ __all__ = [
     "registered_names",
     "register_backend",
     "default_backend_name",
+    "current",
+    "rank",
+    "world_size",
+    "local_rank",
+    "is_main",
     "ShardSampler",
     "save_checkpoint",
     "load_checkpoint",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -122,6 +122,12 @@ class TorchDistributedBackend(Backend):
             # A client whose rendezvous port is held by another program waits forever otherwise.
             call_with_deadline(start, self.timeout + 10, "joining the process group")
         self._owns_group = True
+
+    def _stall_store(self) -> Optional[Callable[[], Any]]:
+        """The process group's own rendezvous store (no collective needed to find it)."""
+        from ..reliability.stall_store import process_group_store
+
+        return process_group_store() or super()._stall_store()
 
     def _before_destroy(self) -> None:
         """What a subclass must release while the process group still exists (default: nothing)."""

@@ -5,20 +5,26 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
-from typing import Any, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 from torch import nn
 
 from ..environment.launchers import ProcessEnvironment, detect_environment
-from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, NotInitializedError
+from ..environment.mpi_yield import apply_mpi_yield
+from ..errors import BackendUnavailableError, NotInitializedError
+from ..reliability.activity import attach_markers, attach_step_marker
 from ..reliability.mpi_abort import abort_mpi_job_on_uncaught_error, leave_job_on_exit
+from ..reliability.stall import StallWatch, stall_threshold_seconds, start_stall_watch
 from ..reliability.translation import translate_escaped_error
 from ..training.precision import check_precision, check_precision_on
+from .banner import banner_enabled, print_banner
 from .collectives import Collectives
+from .current import clear_current, set_current
 from .features import TrainingFeatures
-from .options import COMMON_OPTIONS, check_accumulation_steps, check_compression, timeout_seconds
-from .placement import select_device, threads_per_process
+from .options import check_accumulation_steps, check_compression, timeout_seconds
+from .placement import check_launch, cores, select_device, threads_per_process
+from .portable_options import announce_ignored, split_foreign_options
 
 __all__ = ["Backend"]
 
@@ -46,6 +52,13 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         compression: gradient compression on the wire, "none" (default), "fp16" or "bf16";
             a backend that cannot do the one asked for raises ConfigurationError (COMPRESSIONS).
         accumulation_steps: micro-batches per optimizer step under :meth:`accumulate` (default 1).
+        banner: print the one-line start-up banner on rank 0 (default: True unless PARAFLOW_BANNER=0).
+        stall_threshold: seconds ranks may wait on each other before every rank prints a
+            ``paraflow stall:`` report (default 30, or PARAFLOW_STALL_THRESHOLD; at most half the
+            timeout; 0 turns it off). See :mod:`paraflow.reliability.stall`.
+
+    Options of other registered backends are accepted and ignored (rank 0 says so once), so one
+    script can carry every backend's tuning; a name no backend takes is a ConfigurationError.
     """
 
     #: Backend-specific option names accepted besides the common ones.
@@ -70,15 +83,11 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         precision: str = "fp32",
         compression: str = "none",
         accumulation_steps: int = 1,
+        banner: Optional[bool] = None,
+        stall_threshold: Optional[float] = None,
         **options: Any,
     ) -> None:
-        unknown = set(options) - self.OPTIONS
-        if unknown:
-            accepted = sorted(self.OPTIONS | COMMON_OPTIONS)
-            raise ConfigurationError(
-                f"backend {name!r} does not take option(s) {', '.join(sorted(unknown))}; "
-                f"it accepts: {', '.join(accepted)}."
-            )
+        self.ignored_options = split_foreign_options(name, self.OPTIONS, options)
         self.name = name
         self.options = options
         self.num_threads = num_threads
@@ -88,6 +97,9 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self.precision = check_precision(precision)
         self.compression = check_compression(name, compression, self.COMPRESSIONS, self.COMPRESSION_LIMIT)
         self.accumulation_steps = check_accumulation_steps(accumulation_steps)
+        self.banner = banner_enabled(banner)
+        self.stall_threshold = stall_threshold_seconds(stall_threshold)
+        self._stall: Optional[StallWatch] = None
         self._micro_batches = 0
         self.env: Optional[ProcessEnvironment] = None
         self.device = torch.device("cpu")
@@ -127,23 +139,36 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         if reason:
             raise BackendUnavailableError(f"backend {self.name!r} cannot run here: {reason}")
         self.env = environment or detect_environment()
-        self._check_launcher(self.env)
+        check_launch(self.name, self.expected_world_size, self.MULTI_PROCESS, self.env)
         self.device = select_device(self.requested_device, self._uses_cuda(), self.local_rank)
         check_precision_on(self.precision, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         else:
             torch.set_num_threads(threads_per_process(self.num_threads, self.local_world_size))
+        apply_mpi_yield(self.env, torch.get_num_threads(), cores())  # before anything starts MPI
         self._init()
+        try:
+            self._stall = start_stall_watch(self)
+        except BaseException:
+            self._shutdown()
+            raise
         if self.env.is_mpi or (self.env.launcher == "horovodrun" and self.world_size > 1):
             abort_mpi_job_on_uncaught_error(mpi_launcher=self.env.is_mpi)
         self._initialized = True
+        set_current(self)
+        if self.banner:
+            print_banner(self)
+        announce_ignored(self.name, self.ignored_options, self.rank == 0)
         return self
 
     def shutdown(self) -> None:
         """Leave the job and release communication resources; safe to call twice."""
         if self._initialized:
             self._initialized = False
+            clear_current(self)
+            if self._stall is not None:
+                self._stall.stop()
             self._shutdown()
 
     def __enter__(self) -> Backend:
@@ -196,7 +221,11 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     def wrap_optimizer(
         self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None
     ) -> torch.optim.Optimizer:
-        """Return an optimizer whose step sees synchronised gradients (unchanged by default)."""
+        """Return an optimizer whose step sees synchronised gradients (unchanged by default).
+
+        `model` is optional on every backend (horovod names gradients after it when given).
+        """
+        self._mark_optimizer(optimizer)
         return optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
@@ -222,6 +251,23 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     def _presets(self) -> dict:
         return {}
 
+    def _stall_store(self) -> Optional[Callable[[], Any]]:
+        """An opener of the store the stall reports meet in (default: rank 0 serves one; a collective call)."""
+        from ..reliability.stall_store import hosted_store
+
+        return hosted_store(self)
+
+    def _mark_model(self, model: nn.Module) -> nn.Module:
+        """Let the stall report and the uneven-shard check see `model`'s forward passes; returns it."""
+        if self._activity is not None:
+            attach_markers(self._activity, model)
+        return model
+
+    def _mark_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Let the stall report see the end of each ``optimizer.step()``."""
+        if self._activity is not None:
+            attach_step_marker(self._activity, optimizer)
+
     # ---------------------------------------------------------------- helpers
     def _env(self) -> ProcessEnvironment:
         if self.env is None:
@@ -235,24 +281,3 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
 
     def _not_initialized(self) -> NotInitializedError:
         return NotInitializedError(f"backend {self.name!r} is not initialised (or was shut down); call init() first.")
-
-    def _check_launcher(self, env: ProcessEnvironment) -> None:
-        if self.expected_world_size is not None and self.expected_world_size != env.world_size:
-            if env.launcher == "python":
-                raise LauncherError(
-                    f"world_size={self.expected_world_size} was requested but no launcher started "
-                    f"this process (plain python is one process). Launch it with `torchrun "
-                    f"--nproc_per_node {self.expected_world_size} train.py --backend {self.name}` "
-                    f"or `mpirun -np {self.expected_world_size} python train.py --backend {self.name}`."
-                )
-            raise LauncherError(
-                f"world_size={self.expected_world_size} was requested but {env.launcher} started "
-                f"{env.world_size} processes; make the two agree."
-            )
-        if not self.MULTI_PROCESS and env.world_size > 1:
-            raise LauncherError(
-                f"backend {self.name!r} runs in one process, but {env.launcher} started "
-                f"{env.world_size}. Run it with plain python (`python train.py --backend {self.name}`),"
-                f" or use a multi-process backend: `torchrun --nproc_per_node {env.world_size} "
-                f"train.py --backend ddp`."
-            )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any, ContextManager, Optional
 
 import torch
 
@@ -30,6 +30,8 @@ class Collectives(abc.ABC):
     """
 
     collective_count = 0
+    #: This rank's phase for the stall report (paraflow.reliability.activity); None in one process.
+    _activity = None
 
     def allreduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """Reduce `tensor` over all ranks with `op` (sum, mean, min, max); input is unchanged."""
@@ -72,11 +74,15 @@ class Collectives(abc.ABC):
     def _guard(self, collective: str, tensor: Optional[torch.Tensor] = None, **arguments: Any) -> Iterator[None]:
         """Around one collective: all ranks must agree on it (paraflow.reliability.collective_check), and
         communication failures leave as paraflow errors (paraflow.reliability.translation)."""
-        with collective_errors(self, collective):
+        with collective_errors(self, collective), self._marked(collective):
             if self.world_size > 1:
                 self.collective_count += 1
                 check_collective(self, self._allgather, self.collective_count, collective, tensor, **arguments)
             yield
+
+    def _marked(self, call: str) -> ContextManager:
+        """Record `call` as this rank's phase while it runs (read only by the stall report)."""
+        return contextlib.nullcontext() if self._activity is None else self._activity.call(call)
 
     # ---------------------------------------------------------------- for subclasses
     @abc.abstractmethod

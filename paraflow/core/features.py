@@ -8,6 +8,7 @@ Each maps to the backend's own mechanism through a few hooks (``no_sync``,
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, ContextManager, Optional
 
@@ -16,6 +17,7 @@ from torch.utils.data import Dataset
 
 from ..training.precision import GradScaler, autocast
 from ..training.sampler import ShardSampler
+from ..training.shard_check import watch_epoch
 
 __all__ = ["TrainingFeatures"]
 
@@ -74,11 +76,29 @@ class TrainingFeatures:
         Every sample goes to exactly one rank per epoch, reshuffled each epoch from `seed`. With
         ``drop_last=False`` shard lengths may differ by one (train under :meth:`join`); with
         ``drop_last=True`` the ``len(dataset) % world_size`` remainder is left out of each epoch
-        so all shards are equal. See :class:`paraflow.training.sampler.ShardSampler`.
+        so all shards are equal. Shards that give the ranks different numbers of batches outside
+        :meth:`join` raise ConfigurationError at the epoch's first training forward, on every rank
+        (:mod:`paraflow.training.shard_check`). See :class:`paraflow.training.sampler.ShardSampler`.
         """
-        return ShardSampler(
+        sampler = ShardSampler(
             dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=seed, drop_last=drop_last
         )
+        if self._activity is not None:  # uneven batch counts fail before the epoch's first step
+            sampler.on_iteration = functools.partial(watch_epoch, self._activity)
+        return sampler
+
+    @contextlib.contextmanager
+    def _joined_while(self, context: ContextManager, enable: bool) -> Iterator[None]:
+        """Enter a backend's `join` context; while it is on, uneven batch counts are allowed."""
+        counted = enable and self._activity is not None
+        if counted:
+            self._activity.joins += 1
+        try:
+            with context:
+                yield
+        finally:
+            if counted:
+                self._activity.joins -= 1
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, path: str, state: Mapping[str, Any]) -> None:
@@ -89,7 +109,8 @@ class TrainingFeatures:
         """
         from ..training.checkpoint import save_checkpoint
 
-        save_checkpoint(self, path, state)
+        with self._marked("save"):
+            save_checkpoint(self, path, state)
 
     def load(self, path: str, state: Optional[MutableMapping[str, Any]] = None) -> dict:
         """Restore `state` in place from `path` on every rank, after a barrier, on this device.
@@ -99,7 +120,8 @@ class TrainingFeatures:
         """
         from ..training.checkpoint import load_checkpoint
 
-        return load_checkpoint(self, path, state)
+        with self._marked("load"):
+            return load_checkpoint(self, path, state)
 
     def export(self, path: str, state: Mapping[str, Any]) -> None:
         """Write `state` as one full, unsharded checkpoint file that every backend's ``load`` reads.

@@ -1,4 +1,4 @@
-"""Where a process computes: its device and its share of the host's CPU cores."""
+"""Where a process computes: its device, its share of the host's CPU cores, and a launch that fits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ConfigurationError, LauncherError
 
-__all__ = ["cores", "select_device", "threads_per_process"]
+__all__ = ["check_launch", "cores", "select_device", "threads_per_process"]
 
 
 def cores() -> int:
@@ -48,3 +48,27 @@ def threads_per_process(requested: Optional[int], local_world_size: int) -> int:
     if os.environ.get("PARAFLOW_NUM_THREADS"):
         return max(1, int(os.environ["PARAFLOW_NUM_THREADS"]))
     return max(1, cores() // max(1, local_world_size))
+
+
+def check_launch(name: str, expected_world_size: Optional[int], multi_process: bool, env) -> None:
+    """Refuse a launch that does not match the backend: the wrong process count, or a one-process
+    backend started as several processes; the message gives the command that fits."""
+    if expected_world_size is not None and expected_world_size != env.world_size:
+        if env.launcher == "python":
+            raise LauncherError(
+                f"world_size={expected_world_size} was requested but no launcher started "
+                f"this process (plain python is one process). Launch it with `torchrun "
+                f"--nproc_per_node {expected_world_size} train.py --backend {name}` "
+                f"or `mpirun -np {expected_world_size} python train.py --backend {name}`."
+            )
+        raise LauncherError(
+            f"world_size={expected_world_size} was requested but {env.launcher} started "
+            f"{env.world_size} processes; make the two agree."
+        )
+    if not multi_process and env.world_size > 1:
+        raise LauncherError(
+            f"backend {name!r} runs in one process, but {env.launcher} started "
+            f"{env.world_size}. Run it with plain python (`python train.py --backend {name}`),"
+            f" or use a multi-process backend: `torchrun --nproc_per_node {env.world_size} "
+            f"train.py --backend ddp`."
+        )

@@ -11,7 +11,6 @@ they disagree, naming each rank and what it had.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import zlib
@@ -25,7 +24,7 @@ from .debug import debug_enabled, trace
 if TYPE_CHECKING:
     from ..core.backend import Backend
 
-__all__ = ["check_collective", "describe", "COLLECTIVES", "DESCRIPTOR_WORDS"]
+__all__ = ["check_collective", "call_site", "LIBRARIES", "describe", "COLLECTIVES", "DESCRIPTOR_WORDS"]
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "barrier")
 _OPS = ("sum", "mean", "min", "max")
@@ -48,16 +47,15 @@ _MAX_DIMS = 6
 _SITE_BYTES = 96
 _HEADER = 8  # magic, collective, sequence, dtype, ndim, numel, argument, shape hash
 DESCRIPTOR_WORDS = _HEADER + _MAX_DIMS + _SITE_BYTES // 8
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # paraflow/
-_SKIPPED_FILES = (os.path.abspath(contextlib.__file__),)
+# Frames of these packages are not the user's call site: paraflow itself, the libraries that call
+# back into it (torch's module call running a forward hook, horovod's optimizer step), contextlib.
+LIBRARIES = frozenset({"paraflow", "torch", "horovod", "contextlib"})
 
 
-def _call_site() -> str:
-    """file:line of the first caller outside paraflow (about 1 µs)."""
+def call_site() -> str:
+    """file:line of the script's line that led here: the first caller outside paraflow, torch and horovod (~1 µs)."""
     frame = sys._getframe(2)
-    while frame is not None and (
-        frame.f_code.co_filename.startswith(_PACKAGE_DIR) or frame.f_code.co_filename in _SKIPPED_FILES
-    ):
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARIES:
         frame = frame.f_back
     if frame is None:
         return "?"
@@ -188,7 +186,7 @@ def check_collective(
         src: the broadcast source rank.
     """
     argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
-    mine = _encode(collective, sequence, tensor, argument, _call_site())
+    mine = _encode(collective, sequence, tensor, argument, call_site())
     if debug_enabled():
         trace(backend.rank, str(_Descriptor(mine.tolist())))
     if backend.device.type == "cuda":

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import CollectiveError, CollectiveTimeoutError, LauncherError, ParaflowError
+from .stall import stall_facts
 
 if TYPE_CHECKING:
     from ..core.backend import Backend
@@ -72,6 +73,7 @@ def translate_collective_error(
     backend: str,
     timeout: float,
     waited: float = 0.0,
+    facts: str = "",
 ) -> Optional[CollectiveError]:
     """The paraflow error for `exc` raised inside `collective`, or None if it is not a communication failure.
 
@@ -86,6 +88,7 @@ def translate_collective_error(
         timeout: the configured timeout in seconds.
         waited: seconds the collective had waited; a broken job found after the whole timeout
             (horovod shutting itself down) counts as a timeout.
+        facts: appended to a timeout's message: the stall report seen before it (stall_facts).
     """
     if isinstance(exc, ParaflowError) or not isinstance(exc, RuntimeError):
         return None
@@ -99,7 +102,7 @@ def translate_collective_error(
             f"That rank is stopped, stuck in other work, or called a different collective; its own "
             f"output says which. If the wait is legitimate (a slow checkpoint, a long evaluation on "
             f"one rank), raise the limit with paraflow.init(timeout=SECONDS) or PARAFLOW_TIMEOUT. "
-            f"[{type(exc).__name__}: {cause}]"
+            f"[{type(exc).__name__}: {cause}]{facts}"
         )
     elif is_peer_lost(exc):
         translated = CollectiveError(
@@ -155,6 +158,7 @@ def collective_errors(backend: Backend, collective: str) -> Iterator[None]:
             backend=backend.name,
             timeout=backend.timeout,
             waited=time.monotonic() - start,
+            facts=stall_facts(backend),
         )
         if not translated:
             raise

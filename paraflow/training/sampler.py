@@ -105,7 +105,12 @@ class ShardSampler(Sampler[int]):
         order = order[self.position : self._used_length()]
         return order[self.rank :: self.num_replicas][self.start :].tolist()
 
+    #: Set by ``backend.distributed_sampler``: (sampler, indices) -> iterator, checks batch counts (shard_check).
+    on_iteration = None
+
     def __iter__(self) -> Iterator[int]:
+        if self.on_iteration is not None:
+            return self.on_iteration(self, self.indices())
         return iter(self.indices())
 
     def __len__(self) -> int:

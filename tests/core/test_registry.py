@@ -72,7 +72,7 @@ def test_unknown_option_names_the_accepted_ones():
     with pytest.raises(ConfigurationError, match="bucket_cap_mb"):
         paraflow.get_backend("ddp-gloo", bucket_size=3)
     with pytest.raises(ConfigurationError, match="does not take option"):
-        paraflow.get_backend("single", static_graph=True)
+        paraflow.get_backend("single", static_graf=True)  # another backend's option is ignored, a typo is not
 
 
 def test_timeout_option_is_validated_and_used():

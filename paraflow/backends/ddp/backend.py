@@ -79,7 +79,7 @@ class DDPBackend(TorchDistributedBackend):
             wrapped = CheckedDistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
         wrapped.paraflow_backend_name = self.name
         register_ddp_compression(wrapped, self.compression, self.transport)
-        return wrapped
+        return self._mark_model(wrapped)
 
     def no_sync(self, model: nn.Module) -> ContextManager:
         """DDP's own no_sync: gradients accumulate locally until a backward outside it."""
@@ -93,4 +93,4 @@ class DDPBackend(TorchDistributedBackend):
             raise ConfigurationError("join needs the model returned by wrap_model (a DDP module).")
         from .join import ddp_join
 
-        return ddp_join(self, model, stateful, enable)
+        return self._joined_while(ddp_join(self, model, stateful, enable), enable)

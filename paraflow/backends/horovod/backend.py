@@ -220,7 +220,7 @@ class HorovodBackend(HorovodCollectives, Backend):
         what = "broadcast of the model's parameters and buffers in wrap_model"
         with self.horovod_errors(what), self.bounded(what):
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        return model
+        return self._mark_model(model)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The model itself: horovod does not wrap it."""
@@ -229,17 +229,20 @@ class HorovodBackend(HorovodCollectives, Backend):
     def wrap_optimizer(
         self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None
     ) -> torch.optim.Optimizer:
-        """Horovod's DistributedOptimizer over `model`'s named parameters, with rank 0's state.
+        """Horovod's DistributedOptimizer over the optimizer's parameters, with rank 0's state.
 
         Args:
             optimizer: the optimizer built over ``model.parameters()``.
-            model: the model from :meth:`wrap_model`; horovod names each gradient after it.
+            model: optional, as on every backend: the model from :meth:`wrap_model`, whose
+                parameter names then name horovod's gradient messages (without it, their place
+                in the optimizer's parameter groups does).
 
         Raises:
-            ConfigurationError: `model` is missing or does not own the optimizer's parameters.
+            ConfigurationError: `model` does not own the optimizer's parameters.
         """
         wrapped = distributed_optimizer(self, self._horovod(), optimizer, model)
         self._optimizers.append(wrapped)
+        self._mark_optimizer(wrapped)
         return wrapped
 
     def no_sync(self, model: nn.Module) -> ContextManager:
@@ -263,7 +266,7 @@ class HorovodBackend(HorovodCollectives, Backend):
         self._horovod()
         from .join import horovod_join
 
-        return horovod_join(self, model, stateful, enable)
+        return self._joined_while(horovod_join(self, model, stateful, enable), enable)
 
 
 def _positive(option: str, value: Any, zero: bool = False) -> float:

@@ -18,6 +18,7 @@ import torch
 
 from ...errors import CollectiveError, ConfigurationError
 from ...reliability.deadlines import DeadlineExceeded, wait_until
+from ...reliability.stall import stall_facts
 from ...reliability.translation import translate_collective_error
 from ...reliability.watchdog import watchdog
 
@@ -131,6 +132,7 @@ class HorovodCollectives:
                 backend=self.name,
                 timeout=self.timeout,
                 waited=time.monotonic() - min(start, getattr(self, "_progress_at", start)),
+                facts=stall_facts(self),
             )
             if translated is not None:
                 raise translated from exc

@@ -31,21 +31,21 @@ _NO_SYNC_PASSES = 1 << 30
 def distributed_optimizer(
     backend: HorovodBackend, hvd: Any, optimizer: torch.optim.Optimizer, model: Optional[nn.Module]
 ) -> torch.optim.Optimizer:
-    """Horovod's DistributedOptimizer over `model`'s named parameters, with rank 0's state.
+    """Horovod's DistributedOptimizer over the optimizer's parameters, with rank 0's state.
+
+    Gradients are named after `model`'s parameters when it is given, else after their place in
+    the optimizer's parameter groups (the same on every rank), so ``wrap_optimizer(optimizer)``
+    works here as it does on DDP.
 
     Raises:
-        ConfigurationError: `model` is missing or does not own the optimizer's parameters.
+        ConfigurationError: `model` does not own the optimizer's parameters.
     """
-    if model is None:
-        raise ConfigurationError(
-            "horovod names each gradient after the model's parameters: pass the model, "
-            "`backend.wrap_optimizer(optimizer, model)`."
-        )
+    named = list(model.named_parameters()) if model is not None else _named_by_position(optimizer)
     state = optimizer.state_dict()
     try:
         wrapped = hvd.DistributedOptimizer(
             optimizer,
-            named_parameters=model.named_parameters(),
+            named_parameters=named,
             compression=getattr(hvd.Compression, backend.compression),
             backward_passes_per_step=backend.accumulation_steps,
             op=getattr(hvd, GRADIENT_OPS[backend.reduce_op]),
@@ -60,13 +60,22 @@ def distributed_optimizer(
     _accept_set_to_none(type(wrapped))
     if state["state"]:
         wrapped.load_state_dict(state)  # keep state loaded into the optimizer before wrapping
-    _broadcast_optimizer_state(backend, hvd, wrapped, model)
+    _broadcast_optimizer_state(backend, hvd, wrapped, named)
     _bound_gradient_sync(backend, wrapped)
     return wrapped
 
 
+def _named_by_position(optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
+    """Names for the optimizer's parameters from their group and index: the same on every rank."""
+    return [
+        (f"group{g}.param{i}", p)
+        for g, group in enumerate(optimizer.param_groups)
+        for i, p in enumerate(group["params"])
+    ]
+
+
 def _broadcast_optimizer_state(
-    backend: HorovodBackend, hvd: Any, optimizer: torch.optim.Optimizer, model: nn.Module
+    backend: HorovodBackend, hvd: Any, optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.Tensor]]
 ) -> None:
     """Give every rank rank 0's optimizer state and hyperparameters.
 
@@ -81,7 +90,7 @@ def _broadcast_optimizer_state(
         ):
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
             # Ranks with no state of their own took that zero-gradient step: undo it.
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_parameters([(f"paraflow.param.{n}", p.detach()) for n, p in named], root_rank=0)
         else:
             groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
             groups = hvd.broadcast_object(groups, root_rank=0, name="paraflow.optimizer.groups")
@@ -95,7 +104,7 @@ def _bound_gradient_sync(backend: HorovodBackend, optimizer: torch.optim.Optimiz
     what = "gradient allreduce in optimizer.step"
 
     def bounded_synchronize() -> None:
-        with backend.horovod_errors(what), backend.bounded(what):
+        with backend._marked("optimizer.step"), backend.horovod_errors(what), backend.bounded(what):
             return synchronize()
 
     optimizer.synchronize = bounded_synchronize

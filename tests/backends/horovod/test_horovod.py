@@ -29,7 +29,7 @@ from paraflow.errors import ConfigurationError, LauncherError, MissingDependency
         ({"gradient_predivide_factor": 2.0, "reduce_op": "sum"}, "reduce_op='average' only"),
         ({"fusion_threshold_mb": -1}, "non-negative"),
         ({"cycle_time_ms": 0}, "positive"),
-        ({"bucket_cap_mb": 25}, "fusion_threshold_mb"),
+        ({"fusion_treshold_mb": 25}, "fusion_threshold_mb"),  # a typo; DDP's bucket_cap_mb is ignored
     ],
 )
 def test_bad_options_fail_at_construction_naming_what_is_accepted(options, message):
@@ -263,7 +263,7 @@ def test_real_ranks(tmp_path, launcher, controller, options, gradient):
         assert b["lr"] == pytest.approx(0.1) and b["momentum_same"] and b["momentum_from_rank0"]
         assert b["model_same_after_optimizer"]
         assert b["adam_state_empty"] and b["adam_model_unchanged"]
-        assert "wrap_optimizer(optimizer, model)" in b["missing_model_error"]
+        assert b["missing_model_error"] is None  # wrap_optimizer(optimizer) works without the model, as on DDP
         assert seen["gradient"] == [gradient] * 4
 
 

@@ -1,0 +1,68 @@
+"""The one line rank 0 prints at start-up: which backend, over what, how many processes, which launcher.
+
+It makes the commonest silent surprise visible: ``python train.py --backend horovod`` without a
+launcher runs one process. ``banner=False`` or ``PARAFLOW_BANNER=0`` silences it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from .backend import Backend
+
+__all__ = ["BANNER_ENV", "banner_enabled", "banner_line", "print_banner"]
+
+BANNER_ENV = "PARAFLOW_BANNER"
+_LAUNCHER_NAMES = {
+    "openmpi": "mpirun (Open MPI)",
+    "mpich": "mpiexec (MPICH)",
+    "mvapich2": "mpirun (MVAPICH2)",
+    "slurm": "srun",
+    "python": "no launcher (plain python)",
+}
+
+
+def banner_enabled(option: Optional[bool]) -> bool:
+    """The `banner` option when given, else False when PARAFLOW_BANNER is 0/false/no/off, else True."""
+    if option is not None:
+        return bool(option)
+    return os.environ.get(BANNER_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def banner_line(backend: Backend) -> str:
+    """``paraflow: ddp-gloo over gloo, 2 processes, launcher torchrun, cpu, 1 thread each`` and the like."""
+    controller = getattr(backend, "controller", None)
+    over = f"controller {controller}, transport {backend.transport}" if controller else backend.transport
+    n, threads = backend.world_size, _threads()
+    launcher = _LAUNCHER_NAMES.get(backend.launcher, backend.launcher)
+    where = str(backend.device) if backend.device.type == "cuda" else f"cpu, {threads} thread{'s' * (threads > 1)} each"
+    line = (
+        f"paraflow: {backend.name}{f' over {over}' if over not in (None, 'none') else ''}, "
+        f"{n} process{'es' * (n > 1)}, {'launcher ' if backend.launcher != 'python' else ''}{launcher}, {where}"
+    )
+    if backend.launcher == "python" and backend.MULTI_PROCESS:
+        line += (
+            f". Plain python starts one process; for N: `torchrun --nproc_per_node N {_script()}` "
+            f"or `mpirun -np N python {_script()}`"
+        )
+    return line + f" (silence: {BANNER_ENV}=0)"
+
+
+def print_banner(backend: Backend) -> None:
+    """Print the banner on stderr, on rank 0."""
+    if backend.rank == 0:
+        print(banner_line(backend), file=sys.stderr, flush=True)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _script() -> str:
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return script if script.endswith(".py") else "train.py"

@@ -1,0 +1,177 @@
+"""What this rank is doing right now, recorded cheaply for the stall report.
+
+The main thread updates one tuple per paraflow call and per training forward (a few
+attribute stores and a look up the stack for the call site: 3-8 µs per step in all, measured
+by tests/reliability/workers/marker_cost.py); nothing is communicated. The
+stall watchdog (:mod:`paraflow.reliability.stall`) reads the tuple from its own thread when a wait
+has lasted too long. Phases:
+
+- a paraflow call (``allreduce``, ``save``, ``barrier``, ...): a wait on the other ranks;
+- ``forward``: computing, not a wait;
+- ``backward``: after a training forward, until the optimizer steps: DDP's gradient allreduce
+  waits inside ``loss.backward()``, so this counts as a wait;
+- ``optimizer.step``: horovod's wait for the gradient allreduces;
+- ``idle``: the script's own code after one of the above (never a wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any, NamedTuple, Optional
+
+import torch
+
+from ..errors import ConfigurationError
+from .collective_check import LIBRARIES, call_site
+
+__all__ = ["Activity", "State", "attach_markers", "attach_step_marker", "site_text"]
+
+# _ForwardMarker.__call__ <- Module._call_impl <- Module._wrapped_call_impl <- the script's line
+_HOOK_DEPTH = 3
+
+
+def _forward_site() -> Any:
+    """(file, line) of the script's line that called the model: a fixed depth up from the hook, no walk."""
+    frame = sys._getframe(_HOOK_DEPTH + 1)
+    if frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARIES:  # called some other way
+        return call_site()
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+def site_text(site: Any) -> str:
+    """``file.py:line`` from a site recorded as text or as (path, line)."""
+    return site if isinstance(site, str) else f"{os.path.basename(site[0])}:{site[1]}"
+
+
+class State(NamedTuple):
+    """One snapshot: the phase, where the script entered it, the step, since when, and whether it waits."""
+
+    call: str
+    site: Any  # "file.py:line", or (path, line) from a forward hook, formatted by site_text when read
+    step: int
+    since: float  # time.monotonic()
+    waits: bool
+    after: str = ""  # for "idle": the phase it left
+
+
+class Activity:
+    """This rank's current phase and training step (forward passes with gradients, counted from 1)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.passes = 0  # iterations of paraflow's sampler begun (data passes: epochs, or a peek at a batch)
+        self.state = State("idle", "start-up", 0, time.monotonic(), False, "paraflow.init")
+        self._depth = 0
+        # Set by the sampler when this epoch's shards give ranks different batch counts (shard_check).
+        self.uneven: dict = {}
+        self.joins = 0
+
+    @contextlib.contextmanager
+    def call(self, name: str) -> Iterator[None]:
+        """Around one paraflow call; calls made inside it (save's allgathers) keep the outer name."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._depth = 1
+        site = call_site()
+        self.state = State(name, site, self.step, time.monotonic(), True)
+        try:
+            yield
+        finally:
+            self._depth = 0
+            self.state = State("idle", site, self.step, time.monotonic(), False, name)
+
+    def forward_started(self, training: bool, site: Any) -> None:
+        """A forward pass of the wrapped model begins at `site`; with gradients, it starts a new step."""
+        if self._depth:
+            return
+        if training:
+            self.step += 1
+        self.state = State("forward" if training else "forward (no grad)", site, self.step, time.monotonic(), False)
+
+    def forward_done(self, training: bool) -> None:
+        """The forward returned: a training one is followed by backward (DDP's gradient sync waits there)."""
+        if self._depth:
+            return
+        site = self.state.site
+        if training:
+            self.state = State("backward", site, self.step, time.monotonic(), True)
+        else:
+            self.state = State("idle", site, self.step, time.monotonic(), False, "forward (no grad)")
+
+    def optimizer_stepped(self) -> None:
+        """The optimizer's step finished: the script's own code runs until the next marker."""
+        if not self._depth:
+            self.state = State("idle", self.state.site, self.step, time.monotonic(), False, "optimizer.step")
+
+
+def attach_markers(activity: Activity, model: torch.nn.Module) -> None:
+    """Mark the start and end of every forward of `model` in `activity`.
+
+    Before a training forward, an epoch whose shards give the ranks different batch counts
+    (``activity.uneven``, set by :mod:`paraflow.training.shard_check`) outside ``backend.join``
+    raises ConfigurationError on every rank, before any gradient is exchanged.
+
+    Args:
+        activity: this rank's record.
+        model: the module ``wrap_model`` returns (DDP's wrapper, or horovod's unwrapped model).
+    """
+    model.register_forward_pre_hook(_ForwardMarker(activity, start=True))
+    model.register_forward_hook(_ForwardMarker(activity, start=False))
+
+
+def attach_step_marker(activity: Activity, optimizer: torch.optim.Optimizer) -> None:
+    """Mark the end of every ``optimizer.step()``: the script's own code runs until the next forward."""
+    optimizer.register_step_post_hook(_StepMarker(activity))
+
+
+class _Marker:
+    """A hook that survives ``copy.deepcopy`` and pickling of the object it sits on.
+
+    A closure or bound method would be copied with the model (deepcopy copies a bound method's
+    object) or refuse to pickle; this object is shared by copies and goes inert when pickled.
+    """
+
+    activity: Optional[Activity]
+
+    def __deepcopy__(self, memo: dict) -> _Marker:
+        return self
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "activity": None}
+
+
+class _StepMarker(_Marker):
+    def __init__(self, activity: Activity) -> None:
+        self.activity = activity
+
+    def __call__(self, *_: object) -> None:
+        if self.activity is not None:
+            self.activity.optimizer_stepped()
+
+
+class _ForwardMarker(_Marker):
+    """Before (`start`) or after a forward of the model it is registered on."""
+
+    def __init__(self, activity: Activity, start: bool) -> None:
+        self.activity, self.start = activity, start
+
+    def __call__(self, module: torch.nn.Module, *_: object) -> None:
+        activity = self.activity
+        if activity is None:
+            return
+        training = module.training and torch.is_grad_enabled()
+        if self.start:
+            if training and activity.uneven and not activity.joins:
+                raise ConfigurationError(next(iter(activity.uneven.values())))
+            activity.forward_started(training, _forward_site())
+        else:
+            activity.forward_done(training)

@@ -1,0 +1,192 @@
+"""The stall report: when ranks wait on each other too long, every rank says who waits on what.
+
+Horovod's stall inspector, for every backend. Each rank records what it is doing in-process
+(:mod:`paraflow.reliability.activity`: the paraflow call or training phase, its call site and
+step); nothing crosses the network while training is healthy. A watchdog thread per rank wakes
+every ``threshold / 4`` seconds (7.5 s by default) and makes one round trip to a key-value store
+(:mod:`paraflow.reliability.stall_store`). When this rank has waited longer than the threshold
+(default 30 s, ``stall_threshold=`` or ``PARAFLOW_STALL_THRESHOLD``, at most half the timeout;
+0 turns it off), it opens a *round* in the store; every rank's watchdog sees it on its next
+wake, writes its own record, reads everyone's, and prints one report on stderr starting
+``paraflow stall:``: each rank's phase, call site, step and wait, the ranks that sent nothing,
+and the likely fix. A timeout error raised afterwards carries the same facts (:func:`stall_facts`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from ..errors import ConfigurationError
+from .activity import Activity, State, site_text
+from .stall_explain import compose_report
+
+if TYPE_CHECKING:
+    from ..core.backend import Backend
+
+__all__ = ["STALL_ENV", "DEFAULT_STALL_S", "StallWatch", "start_stall_watch", "stall_facts", "stall_threshold_seconds"]
+
+STALL_ENV = "PARAFLOW_STALL_THRESHOLD"
+DEFAULT_STALL_S = 30.0
+_watches: list = []  # running watches of this process, for the exception hook
+
+
+def stall_threshold_seconds(value: Any) -> float:
+    """Seconds from `value`, else PARAFLOW_STALL_THRESHOLD, else 30; 0 turns the report off."""
+    source = "stall_threshold"
+    if value is None:
+        if not os.environ.get(STALL_ENV):
+            return DEFAULT_STALL_S
+        value, source = os.environ[STALL_ENV], STALL_ENV
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ConfigurationError(
+            f"{source}={value!r} is not a number of seconds >= 0; set it to e.g. 30 (the default), "
+            "or 0 to turn the stall report off."
+        )
+    return seconds
+
+
+def start_stall_watch(backend: Backend) -> Optional[StallWatch]:
+    """Give a multi-process backend its activity record and, unless turned off, its watchdog."""
+    if backend.world_size == 1:
+        return None
+    backend._activity = Activity()
+    if backend.stall_threshold <= 0:
+        return None
+    opener = backend._stall_store()
+    if opener is None:
+        if backend.rank == 0:
+            print("paraflow: no store the ranks share, so no stall reports in this job", file=sys.stderr, flush=True)
+        return None
+    watch = StallWatch(backend, backend._activity, opener)
+    watch.start()
+    return watch
+
+
+def stall_facts(backend: Any) -> str:
+    """The last stall report of `backend`, as a sentence to append to an error ('' if none)."""
+    watch = getattr(backend, "_stall", None)
+    report = getattr(watch, "last_report", None)
+    if not report:
+        return ""
+    lines = [line for line in report.splitlines() if "The job fails when" not in line]
+    return " Stall report before this error: " + " ".join(" ".join(lines).split())
+
+
+class StallWatch:
+    """One rank's watchdog thread (see the module docstring)."""
+
+    def __init__(self, backend: Backend, activity: Activity, open_store: Callable[[], Any]) -> None:
+        self.rank, self.world_size = backend.rank, backend.world_size
+        self.name, self.timeout = backend.name, backend.timeout
+        # A report after the timeout would come too late to help: at most half of it.
+        self.threshold = min(backend.stall_threshold, backend.timeout / 2)
+        self.interval = max(0.5, min(self.threshold / 4, 10.0))
+        self.window = self.interval + 5.0  # every rank answers within one wake, plus slack for a loaded host
+        self.activity = activity
+        self.last_report: Optional[str] = None
+        self._open_store = open_store
+        self._answered = 0
+        self._covered: Optional[State] = None  # the wait the last round already reported
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="paraflow stall watch", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread and make uncaught errors repeat the last report."""
+        _install_excepthook()
+        _watches.append(self)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread (at most one store operation's wait)."""
+        self._stop.set()
+        if self in _watches:
+            _watches.remove(self)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
+
+    # ---------------------------------------------------------------- the thread
+    def _run(self) -> None:
+        store = None
+        while not self._stop.wait(self.interval):
+            try:
+                if store is None:
+                    store = self._open_store()
+                self._tick(store)
+            except Exception:  # noqa: BLE001 - rank 0 (the store) gone or busy: try again next wake
+                store = None
+
+    def _tick(self, store: Any) -> None:
+        asked = store.add("round", 0)
+        if asked > self._answered:
+            self._answer(store, asked)
+            return
+        state = self.activity.state
+        if state.waits and state is not self._covered and time.monotonic() - state.since >= self.threshold:
+            self._answer(store, store.add("round", 1))
+
+    def _answer(self, store: Any, round_: int) -> None:
+        self._answered = round_
+        state = self.activity.state
+        if state.waits:
+            self._covered = state
+        store.set(f"{round_}/{self.rank}", json.dumps(self._record(state)))
+        records = self._collect(store, round_)
+        self.last_report = compose_report(
+            rank=self.rank,
+            world_size=self.world_size,
+            records=records,
+            threshold=self.threshold,
+            timeout=self.timeout,
+            window=self.window,
+        )
+        print(self.last_report, file=sys.stderr, flush=True)
+
+    def _record(self, state: State) -> dict:
+        return {
+            "call": state.call,
+            "site": site_text(state.site),
+            "step": state.step,
+            "after": state.after,
+            "waits": state.waits,
+            "for": round(time.monotonic() - state.since, 1),
+            "passes": self.activity.passes,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+
+    def _collect(self, store: Any, round_: int) -> dict[int, dict]:
+        """Every rank's record for this round, waiting up to the window for the missing ones."""
+        keys = [f"{round_}/{r}" for r in range(self.world_size)]
+        deadline = time.monotonic() + self.window
+        while not store.check(keys) and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.25)
+        present = [(r, k) for r, k in enumerate(keys) if store.check([k])]
+        values = store.multi_get([k for _, k in present]) if present else []
+        return {r: json.loads(bytes(v).decode()) for (r, _), v in zip(present, values)}
+
+
+def _install_excepthook() -> None:
+    """An uncaught error (torch's own, from inside ``loss.backward()``) is followed by the last report."""
+    previous = sys.excepthook
+    if getattr(previous, "paraflow_stall_facts", False):
+        return
+
+    def excepthook(kind, value, traceback) -> None:
+        previous(kind, value, traceback)
+        reports = [w.last_report for w in _watches if w.last_report]
+        if reports and "paraflow stall" not in str(value):
+            print(f"{reports[-1]}\n(the last stall report before this error)", file=sys.stderr, flush=True)
+
+    excepthook.paraflow_stall_facts = True
+    sys.excepthook = excepthook
