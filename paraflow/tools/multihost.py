@@ -1,0 +1,103 @@
+"""Command lines that start one job across several hosts, for each launcher, as its documentation says.
+
+* torchrun: one agent per host, all meeting at a c10d rendezvous on the first host;
+* mpirun: one command on the first host; Open MPI starts the other hosts' daemons through its rsh
+  agent (ssh by default);
+* horovodrun: one command on the first host; horovodrun reaches the others with `ssh`.
+
+Nothing here knows how a host is reached: a real cluster runs each :class:`HostCommand` over ssh,
+the emulated one (:mod:`paraflow.tools.cluster`) inside the host's namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import ConfigurationError
+from .launch import _tool
+
+__all__ = ["HostCommand", "host_commands", "MULTIHOST_LAUNCHERS", "RDZV_READ_TIMEOUT_S"]
+
+MULTIHOST_LAUNCHERS = ("torchrun", "mpirun", "horovodrun")
+#: torchrun's rendezvous store reads (default 60 s) and close (default 30 s): an agent cut off from
+#: the first host otherwise blocks on the store for minutes after its workers have failed.
+RDZV_READ_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class HostCommand:
+    """What to run on one host: the command and the variables to set there first."""
+
+    host: str
+    argv: list
+    env: dict = field(default_factory=dict)
+
+
+def host_commands(
+    launcher: str,
+    hosts: Sequence[str],
+    nproc_per_host: int,
+    script: Sequence[str],
+    *,
+    port: int = 29400,
+    ifname: Optional[str] = None,
+    env_keys: Sequence[str] = (),
+    rsh_agent: Optional[str] = None,
+    job_id: Optional[str] = None,
+) -> list[HostCommand]:
+    """The per-host commands that start `script` as ``len(hosts) * nproc_per_host`` processes.
+
+    Args:
+        launcher: torchrun, mpirun or horovodrun.
+        hosts: host names (or addresses) the launchers can resolve; the first hosts the rendezvous.
+        nproc_per_host: processes on each host.
+        script: the Python file and its arguments.
+        port: torchrun's rendezvous port on the first host.
+        ifname: the network interface ranks talk over (eth0): GLOO_SOCKET_IFNAME, Open MPI's
+            btl/oob_tcp_if_include, horovodrun's --network-interface. None lets each library choose.
+        env_keys: variables of the launching environment every rank needs (mpirun forwards them
+            with -x; horovodrun forwards the whole environment; torchrun runs where they are set).
+        rsh_agent: the program that runs a command on another host in place of ssh (mpirun's
+            plm_rsh_agent; for horovodrun its directory goes first on PATH, so it must be named ssh).
+        job_id: torchrun's rendezvous id (default: a fresh one).
+    """
+    if launcher not in MULTIHOST_LAUNCHERS:
+        raise ConfigurationError(f"unknown launcher {launcher!r}; across hosts: {', '.join(MULTIHOST_LAUNCHERS)}.")
+    if not hosts or nproc_per_host < 1:
+        raise ConfigurationError(
+            f"need at least one host and one process per host (got {list(hosts)}, {nproc_per_host})."
+        )
+    python, script = sys.executable, [str(s) for s in script]
+    env = {"GLOO_SOCKET_IFNAME": ifname} if ifname else {}
+    slots = ",".join(f"{h}:{nproc_per_host}" for h in hosts)
+    total = len(hosts) * nproc_per_host
+    if launcher == "torchrun":
+        argv = [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts))]
+        argv += ["--nproc_per_node", str(nproc_per_host), "--rdzv-backend", "c10d"]
+        argv += ["--rdzv-endpoint", f"{hosts[0]}:{port}", "--rdzv-id", job_id or uuid.uuid4().hex[:12]]
+        argv += ["--rdzv-conf", f"read_timeout={RDZV_READ_TIMEOUT_S},close_timeout={RDZV_READ_TIMEOUT_S}"]
+        return [HostCommand(host, [*argv, *script], dict(env)) for host in hosts]
+    if launcher == "mpirun":
+        argv = [_tool("mpirun", "install Open MPI: `apt-get install openmpi-bin libopenmpi-dev`")]
+        argv += ["-np", str(total), "-H", slots, "--bind-to", "none"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        if rsh_agent:
+            argv += ["--mca", "plm_rsh_agent", rsh_agent]
+        if ifname:
+            argv += ["--mca", "btl_tcp_if_include", ifname, "--mca", "oob_tcp_if_include", ifname]
+        for key in [*env, *env_keys]:
+            argv += ["-x", key]
+        return [HostCommand(hosts[0], [*argv, python, *script], env)]
+    argv = [_tool("horovodrun", "install horovod: `make install` or scripts/build_horovod.sh")]
+    argv += ["-np", str(total), "-H", slots, "--gloo", "--disable-cache"]
+    if ifname:
+        argv += ["--network-interface", ifname]
+    if rsh_agent:
+        env["PATH"] = os.path.dirname(rsh_agent) + os.pathsep + os.environ.get("PATH", "")
+    return [HostCommand(hosts[0], [*argv, python, *script], env)]
