@@ -13,6 +13,7 @@ from torch import nn
 from ..environment.launchers import ProcessEnvironment, detect_environment
 from ..errors import BackendUnavailableError, ConfigurationError, LauncherError, ParaflowError
 from ..reliability.mpi_abort import abort_mpi_job_on_uncaught_error
+from ..reliability.translation import translate_loop_error
 from ..training.precision import check_precision, check_precision_on
 from .collectives import Collectives
 from .features import TrainingFeatures
@@ -147,13 +148,16 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     def __enter__(self) -> Backend:
         return self.init()
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, *rest: Any) -> None:
         if exc_type is None or self.env is None or self.world_size == 1:
             self.shutdown()
         else:
             # Leaving on an error: stay connected until the process exits, so that its traceback
             # is printed before the other ranks see it go (and report their own, later, errors).
             atexit.register(self.shutdown)
+            translated = translate_loop_error(self, exc) if isinstance(exc, RuntimeError) else None
+            if translated is not None:
+                raise translated from exc
 
     def __repr__(self) -> str:
         where = f"rank {self.rank}/{self.world_size}" if self.env else "not initialised"

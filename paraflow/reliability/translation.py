@@ -20,7 +20,14 @@ from ..errors import CollectiveError, CollectiveTimeoutError, LauncherError, Par
 if TYPE_CHECKING:
     from ..core.backend import Backend
 
-__all__ = ["collective_errors", "translate_collective_error", "startup_errors", "is_timeout", "is_peer_lost"]
+__all__ = [
+    "collective_errors",
+    "translate_collective_error",
+    "translate_loop_error",
+    "startup_errors",
+    "is_timeout",
+    "is_peer_lost",
+]
 
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded|stalled", re.IGNORECASE)
 _PEER_LOST = re.compile(
@@ -29,6 +36,9 @@ _PEER_LOST = re.compile(
     r"communicator was aborted",
     re.IGNORECASE,
 )
+# Where a failure left a communication library (gloo's source paths, c10d's tags, horovod, MPI):
+# only those errors are translated when they escape the training loop, not a user's own timeout.
+_LIBRARY = re.compile(r"gloo|c10d|nccl|horovod|\bmpi\b|ProcessGroup", re.IGNORECASE)
 _CLIENTS_JOINED = re.compile(r"(\d+)/(\d+) clients joined")
 _ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 
@@ -88,9 +98,10 @@ def translate_collective_error(
     if is_timeout(exc) or (is_peer_lost(exc) and waited >= timeout):
         translated = CollectiveTimeoutError(
             f"{where} timed out: {peer} did not join it within the timeout of {timeout:g} s. "
-            f"That rank is stopped, stuck in other work, or called a different collective; its own "
-            f"output says which. If the wait is legitimate (a slow checkpoint, a long evaluation on "
-            f"one rank), raise the limit with paraflow.init(timeout=SECONDS) or PARAFLOW_TIMEOUT. "
+            f"That rank is stopped, stuck in other work, called a different collective, or its host "
+            f"cannot be reached (a network link down); its own output says which. If the wait is "
+            f"legitimate (a slow checkpoint, a long evaluation on one rank), raise the limit with "
+            f"paraflow.init(timeout=SECONDS) or PARAFLOW_TIMEOUT. "
             f"[{type(exc).__name__}: {cause}]"
         )
     elif is_peer_lost(exc):
@@ -102,6 +113,25 @@ def translate_collective_error(
     if translated is not None:
         translated.original = exc
     return translated
+
+
+def translate_loop_error(backend: Backend, exc: BaseException) -> Optional[CollectiveError]:
+    """The paraflow error for a communication failure leaving the backend's ``with`` block, or None.
+
+    Covers what paraflow's collectives never see: DDP's gradient allreduce inside
+    ``loss.backward()`` and torch collectives the user called. Only errors from a communication
+    library are translated.
+    """
+    if not _LIBRARY.search(str(exc)):
+        return None
+    return translate_collective_error(
+        exc,
+        collective="gradient allreduce (or another torch collective) in the training loop",
+        rank=backend.rank,
+        world_size=backend.world_size,
+        backend=backend.name,
+        timeout=backend.timeout,
+    )
 
 
 @contextlib.contextmanager

@@ -53,14 +53,23 @@ class Cluster:
         name: lower-case letters and digits; names every namespace ``pf-NAME-...``.
         hosts: number of hosts (1 to 250).
         bandwidth: each host link's rate in tc notation (``1gbit``), or None for no limit.
+        tcp_retries2: the hosts' ``net.ipv4.tcp_retries2``: retransmissions before TCP gives up on
+            a peer that stopped answering. 5 (about 13 s) by default, as high-availability setups
+            use; Linux's 15 (about 15 minutes) leaves torchrun's agent and mpirun on a host cut off
+            from the others blocked that long.
     """
 
-    def __init__(self, name: str = "cluster", hosts: int = 2, bandwidth: Optional[str] = None) -> None:
+    def __init__(
+        self, name: str = "cluster", hosts: int = 2, bandwidth: Optional[str] = None, tcp_retries2: int = 5
+    ) -> None:
         if not _NAME.fullmatch(name):
             raise ClusterError(f"cluster name {name!r} must be 1-24 lower-case letters or digits (e.g. --name c1).")
         if not 1 <= hosts <= 250:
             raise ClusterError(f"--hosts {hosts}: an emulated cluster has 1 to 250 hosts.")
+        if not 1 <= tcp_retries2 <= 30:
+            raise ClusterError(f"--tcp-retries2 {tcp_retries2}: choose 1 to 30 (Linux's default is 15).")
         self.name = name
+        self.tcp_retries2 = tcp_retries2
         self.bits_per_s = netns.parse_rate(bandwidth) if bandwidth else None
         self.hosts = [
             Host(f"node{i}", str(_HOST_NET.network_address + i + 1), f"{self.prefix}node{i}") for i in range(hosts)
@@ -137,6 +146,7 @@ class Cluster:
             run(["ip", "-n", host.namespace, "addr", "add", f"{host.address}/{_HOST_NET.prefixlen}", "dev", IFNAME])
             run(["ip", "-n", host.namespace, "link", "set", IFNAME, "up"])
             run(["ip", "-n", host.namespace, "link", "set", "lo", "up"])
+            run(["sysctl", "-qw", f"net.ipv4.tcp_retries2={self.tcp_retries2}"], host.namespace)
             etc = os.path.join(_NETNS_ETC, host.namespace)
             os.makedirs(etc, exist_ok=True)
             with open(os.path.join(etc, "hosts"), "w") as f:
@@ -191,6 +201,7 @@ class Cluster:
             "name": self.name,
             "interface": IFNAME,
             "bandwidth": self.bandwidth,
+            "tcp_retries2": self.tcp_retries2,
             "switch": self.switch,
             "ssh_agent": self.ssh_agent,
             "hosts": [vars(h) for h in self.hosts],
@@ -207,7 +218,7 @@ class Cluster:
             raise ClusterError(
                 f"no cluster named {name!r} is up (no {path}); start one: paraflow cluster up --name {name}"
             ) from None
-        return cls(name, len(state["hosts"]), state.get("bandwidth"))
+        return cls(name, len(state["hosts"]), state.get("bandwidth"), state.get("tcp_retries2", 5))
 
 
 def cluster_names() -> list[str]:
@@ -216,20 +227,20 @@ def cluster_names() -> list[str]:
     return sorted(n for n in found if _NAME.fullmatch(n))
 
 
-def owned_name(family: str, pid: Optional[int] = None) -> str:
-    """A cluster name tied to a process (``FAMILY<pid>``), so that :func:`remove_stale` can tell
-    when its owner is gone."""
-    return f"{family}{pid or os.getpid()}"
+def owned_name(family: str, pid: Optional[int] = None, tag: str = "") -> str:
+    """A cluster name tied to a process, ``FAMILY<pid>TAG`` (tag: letters), so that
+    :func:`remove_stale` can tell when its owner is gone."""
+    return f"{family}{pid or os.getpid()}{tag}"
 
 
 def remove_stale(family: str) -> list[str]:
-    """Take down the clusters named ``FAMILY<pid>`` whose process no longer runs; return their names.
+    """Take down the clusters named ``FAMILY<pid>[TAG]`` whose process no longer runs; return their names.
 
     Only that family is touched: other clusters, and those of live processes, stay.
     """
     stale = []
     for name in cluster_names():
-        match = re.fullmatch(rf"{re.escape(family)}(\d+)", name)
+        match = re.fullmatch(rf"{re.escape(family)}(\d+)[a-z]*", name)
         if match and not os.path.exists(f"/proc/{match.group(1)}"):
             Cluster(name, 1).down()
             stale.append(name)
