@@ -37,7 +37,8 @@ def support_problem() -> Optional[str]:
     """None when this machine can build an emulated cluster, else why not (for skips and errors)."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return "needs root (network namespaces): run as root or with sudo"
-    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux")):
+    tools = (("ip", "iproute2"), ("tc", "iproute2"), ("sysctl", "procps"), ("unshare", "util-linux"))
+    for tool, package in (*tools, ("hostname", "hostname")):
         if shutil.which(tool) is None:
             return f"`{tool}` is missing: apt-get install {package}"
     probe = f"pfprobe{os.getpid()}"
