@@ -31,7 +31,7 @@ _HOST_NET = ipaddress.ip_network("198.18.0.0/24")
 #: The one interface every host has, as on a real cluster: GLOO_SOCKET_IFNAME, btl_tcp_if_include.
 IFNAME = "eth0"
 #: Where each cluster keeps its description and its ssh stand-in.
-STATE_ROOT = os.environ.get("PARAFLOW_CLUSTER_STATE", "/run/paraflow-cluster")
+STATE_ROOT = "/run/paraflow-cluster"
 _PREFIX = "pf-"
 _NAME = re.compile(r"[a-z0-9]{1,24}")
 _NETNS_ETC = "/etc/netns"  # `ip netns exec NS` mounts /etc/netns/NS/hosts over /etc/hosts
