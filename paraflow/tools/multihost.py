@@ -5,8 +5,12 @@
   agent (ssh by default);
 * horovodrun: one command on the first host; horovodrun reaches the others with `ssh`.
 
-Nothing here knows how a host is reached: a real cluster runs each :class:`HostCommand` over ssh,
-the emulated one (:mod:`paraflow.tools.cluster`) inside the host's namespace.
+mpirun's and horovodrun's lines are :func:`~paraflow.tools.launch.launch_command`'s for those hosts,
+with what crossing hosts needs added: the interface the ranks talk over, the program that reaches
+another host, and Open MPI's keepalive probes. (``paraflow run --hosts`` starts torchrun with its
+static rendezvous and a node rank per host instead.) Nothing here knows how a host is reached: a
+real cluster runs each :class:`HostCommand` over ssh, the emulated one
+(:mod:`paraflow.tools.cluster`) inside the host's namespace.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import ConfigurationError
-from .launch import _tool
+from .launch import launch_command
 
 __all__ = ["HostCommand", "host_commands", "MULTIHOST_LAUNCHERS", "OOB_KEEPALIVE"]
 
@@ -74,31 +78,26 @@ def host_commands(
         )
     python, script = sys.executable, [str(s) for s in script]
     env = {"GLOO_SOCKET_IFNAME": ifname} if ifname else {}
-    slots = ",".join(f"{h}:{nproc_per_host}" for h in hosts)
+    placement = [(host, nproc_per_host) for host in hosts]
     total = len(hosts) * nproc_per_host
     if launcher == "torchrun":
+        # c10d, the rendezvous torch documents for several nodes: no --node_rank to hand out.
         argv = [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts))]
         argv += ["--nproc_per_node", str(nproc_per_host), "--rdzv-backend", "c10d"]
         argv += ["--rdzv-endpoint", f"{hosts[0]}:{port}", "--rdzv-id", job_id or uuid.uuid4().hex[:12]]
         return [HostCommand(host, [*argv, *script], dict(env)) for host in hosts]
+    base = launch_command(launcher, total, script, env_keys=[*env, *env_keys], hosts=placement)
+    extra: list[str] = []  # goes before the Python command
     if launcher == "mpirun":
-        argv = [_tool("mpirun", "install Open MPI: `apt-get install openmpi-bin libopenmpi-dev`")]
-        argv += ["-np", str(total), "-H", slots, "--bind-to", "none"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            argv.append("--allow-run-as-root")
         if rsh_agent:
-            argv += ["--mca", "plm_rsh_agent", rsh_agent]
+            extra += ["--mca", "plm_rsh_agent", rsh_agent]
         if ifname:
-            argv += ["--mca", "btl_tcp_if_include", ifname, "--mca", "oob_tcp_if_include", ifname]
+            extra += ["--mca", "btl_tcp_if_include", ifname, "--mca", "oob_tcp_if_include", ifname]
         for key, value in OOB_KEEPALIVE.items():
-            argv += ["--mca", key, str(value)]
-        for key in [*env, *env_keys]:
-            argv += ["-x", key]
-        return [HostCommand(hosts[0], [*argv, python, *script], env)]
-    argv = [_tool("horovodrun", "install horovod: `make install` or scripts/build_horovod.sh")]
-    argv += ["-np", str(total), "-H", slots, "--gloo", "--disable-cache"]
-    if ifname:
-        argv += ["--network-interface", ifname]
-    if rsh_agent:
-        env["PATH"] = os.path.dirname(rsh_agent) + os.pathsep + os.environ.get("PATH", "")
-    return [HostCommand(hosts[0], [*argv, python, *script], env)]
+            extra += ["--mca", key, str(value)]
+    else:
+        extra += ["--disable-cache"] + (["--network-interface", ifname] if ifname else [])
+        if rsh_agent:
+            env["PATH"] = os.path.dirname(rsh_agent) + os.pathsep + os.environ.get("PATH", "")
+    at = base.index(python)
+    return [HostCommand(hosts[0], [*base[:at], *extra, *base[at:]], env)]
