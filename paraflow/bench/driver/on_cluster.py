@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import sys
 from collections.abc import Iterator
 from typing import Optional
 
@@ -42,10 +43,12 @@ def bench_cluster(config: BenchConfig) -> Iterator[Optional[object]]:
 
 def cluster_header(cluster) -> dict:
     """What the results header records about the link."""
+    from ...tools.cluster import IFNAME
+
     return {
         "hosts": len(cluster.hosts),
         "bandwidth": cluster.bandwidth or "unshaped",
-        "interface": "eth0",
+        "interface": IFNAME,
         "link": "veth pair to a bridge, tbf both ways" if cluster.bandwidth else "veth pair to a bridge",
         "ranks_per_host": 1,
     }
@@ -56,8 +59,6 @@ def run_on_cluster(cluster, cell: Cell, script: list, env: dict, timeout: float)
 
     The result fails when any host's command does; its output is every host's, labelled.
     """
-    import sys
-
     from ...tools.cluster import ClusterJob, cluster_commands
     from ...tools.multihost import HostCommand
 
