@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.paraflow-installed
 
-.PHONY: install lint test soak bench clean
+.PHONY: install lint test test-cluster soak bench clean
 
 install: $(STAMP)
 
@@ -17,6 +17,9 @@ lint: install
 
 test: lint
 	$(PY) -m pytest
+
+test-cluster: install
+	$(PY) -m pytest -m cluster tests/tools/cluster
 
 soak: install
 	$(PY) -m pytest -m soak tests/reliability

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up everything paraflow needs in a virtual environment inside the checkout (idempotent):
 # the Debian packages the Horovod build needs (Open MPI, CMake, a C++ compiler, Python headers)
-# when they are missing, the CPU build of torch pinned first, paraflow with its extras, and
-# Horovod built against that torch (cached, see paraflow/backends/horovod/build.py).
+# and the emulated cluster needs (iproute2, procps) when they are missing, the CPU build of torch
+# pinned first, paraflow with its extras, and Horovod built against that torch (cached, see
+# paraflow/backends/horovod/build.py).
 #
 # Usage: scripts/install.sh [VENV]   (default .venv)
 set -euo pipefail
@@ -24,6 +25,10 @@ command -v cmake >/dev/null || packages+=(cmake)
 { command -v c++ || command -v g++; } >/dev/null || packages+=(g++)
 python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
     || packages+=(python3-dev)
+# The emulated cluster (paraflow cluster, make test-cluster): namespaces, links, shaping, sysctl.
+{ command -v ip && command -v tc; } >/dev/null || packages+=(iproute2)
+command -v sysctl >/dev/null || packages+=(procps)
+{ command -v unshare && command -v hostname; } >/dev/null || packages+=(util-linux hostname)
 [ ${#packages[@]} -eq 0 ] || apt_install "${packages[@]}"
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -2,17 +2,50 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import struct
+from typing import Callable
 
 from ..errors import LauncherError, MissingDependencyError
 from .launchers import ProcessEnvironment, free_port
 
-__all__ = ["resolve_master"]
+__all__ = ["resolve_master", "host_address", "interface_address"]
+
+_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface `name` on this host.
+
+    Raises:
+        LauncherError: no such interface, or it has no IPv4 address.
+    """
+    import fcntl
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError as exc:
+            raise LauncherError(
+                f"GLOO_SOCKET_IFNAME names interface {name!r}, which has no IPv4 address on host "
+                f"{socket.gethostname()} ({exc.strerror}). `ip -br addr` lists the interfaces; set "
+                f"GLOO_SOCKET_IFNAME to the one the hosts reach each other over."
+            ) from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def host_address(fallback: Callable[[], str] = socket.gethostname) -> str:
+    """How other hosts reach this one: the address of GLOO_SOCKET_IFNAME's (first) interface when it
+    is set, the interface gloo itself will use, so no host name has to resolve; else `fallback()`
+    (the host name), resolved by each peer."""
+    names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+    return interface_address(names[0]) if names else fallback()
 
 
 def _rank0_endpoint(env: ProcessEnvironment) -> tuple[str, int]:
     single_host = env.local_world_size == env.world_size
-    host = "127.0.0.1" if single_host else socket.gethostname()
+    host = "127.0.0.1" if single_host else host_address()
     return host, free_port()
 
 

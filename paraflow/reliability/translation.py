@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 __all__ = [
     "collective_errors",
     "translate_collective_error",
-    "translate_escaped_error",
     "startup_errors",
     "is_timeout",
     "is_peer_lost",
@@ -38,6 +37,9 @@ _PEER_LOST = re.compile(
     r"communicator was aborted",
     re.IGNORECASE,
 )
+# Where a failure left a communication library (gloo's source paths, c10d's tags, horovod, MPI):
+# only those errors are translated when they escape the training loop, not a user's own timeout.
+_LIBRARY = re.compile(r"gloo|c10d|nccl|horovod|\bmpi\b|ProcessGroup", re.IGNORECASE)
 _CLIENTS_JOINED = re.compile(r"(\d+)/(\d+) clients joined")
 _ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 
@@ -99,9 +101,10 @@ def translate_collective_error(
     if is_timeout(exc) or (is_peer_lost(exc) and waited >= timeout):
         translated = CollectiveTimeoutError(
             f"{where} timed out: {peer} did not join it within the timeout of {timeout:g} s. "
-            f"That rank is stopped, stuck in other work, or called a different collective; its own "
-            f"output says which. If the wait is legitimate (a slow checkpoint, a long evaluation on "
-            f"one rank), raise the limit with paraflow.init(timeout=SECONDS) or PARAFLOW_TIMEOUT. "
+            f"That rank is stopped, stuck in other work, called a different collective, or its host "
+            f"cannot be reached (a network link down); its own output says which. If the wait is "
+            f"legitimate (a slow checkpoint, a long evaluation on one rank), raise the limit with "
+            f"paraflow.init(timeout=SECONDS) or PARAFLOW_TIMEOUT. "
             f"[{type(exc).__name__}: {cause}]{facts}"
         )
     elif is_peer_lost(exc):
@@ -121,7 +124,7 @@ def translate_escaped_error(backend: Backend, exc: BaseException) -> Optional[Co
     DDP reduces gradients inside ``loss.backward()``, where paraflow has no hook: a lost or silent
     rank surfaces there as gloo's or NCCL's RuntimeError, naming neither rank nor call.
     """
-    if not isinstance(exc, RuntimeError) or isinstance(exc, ParaflowError):
+    if not isinstance(exc, RuntimeError) or isinstance(exc, ParaflowError) or not _LIBRARY.search(str(exc)):
         return None
     frames, tb = [], exc.__traceback__
     while tb is not None:
@@ -130,7 +133,9 @@ def translate_escaped_error(backend: Backend, exc: BaseException) -> Optional[Co
     in_backward = any(f"torch{os.sep}autograd{os.sep}" in name for name in frames)
     return translate_collective_error(
         exc,
-        collective="the gradient allreduce in loss.backward()" if in_backward else "a torch.distributed call",
+        collective="the gradient allreduce in loss.backward()"
+        if in_backward
+        else "the gradient allreduce (or another torch collective) in the training loop",
         rank=backend.rank,
         world_size=backend.world_size,
         backend=backend.name,

@@ -42,6 +42,12 @@ def _build_horovod(args: argparse.Namespace) -> int:
     return build_and_install(args.python, args.force)
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    from .cluster.cli import main as cluster_main
+
+    return cluster_main(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="paraflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +77,10 @@ def main(argv=None) -> int:
 
     bench = sub.add_parser("bench", help="benchmark every backend available here: tables, CSV, JSON, plots")
     add_bench_arguments(bench).set_defaults(func=_bench)
+    from .cluster.cli import add_arguments as add_cluster_arguments
+
+    cluster = sub.add_parser("cluster", help="an emulated multi-host cluster on this machine (root): up, exec, down")
+    add_cluster_arguments(cluster).set_defaults(func=_cluster)
     args = parser.parse_args(argv)
     return args.func(args)
 

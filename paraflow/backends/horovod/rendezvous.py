@@ -21,6 +21,7 @@ import os
 import socket
 
 from ...environment.launchers import ProcessEnvironment
+from ...environment.rendezvous import host_address
 from ...environment.scoped_env import ScopedEnv
 
 __all__ = ["GlooRendezvous", "gloo_interface"]
@@ -42,6 +43,11 @@ def gloo_interface(peer: str) -> str:
         if any(a.family == socket.AF_INET and a.address == local_ip for a in addresses):
             return name
     return "lo"
+
+
+def _gloo_ifname() -> str:
+    """The first interface GLOO_SOCKET_IFNAME names, or ''."""
+    return os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
 
 
 def _local_ip_towards(peer: str) -> str:
@@ -102,7 +108,7 @@ class GlooRendezvous:
             self._server = RendezvousServer()
             port = self._server.start()
             self._server.init(plan)
-            addr = "127.0.0.1" if self.single_host else socket.getfqdn()
+            addr = "127.0.0.1" if self.single_host else host_address(socket.getfqdn)
             store.set("server", f"{addr}:{port}")
         else:
             store.wait(["server"])
@@ -114,7 +120,7 @@ class GlooRendezvous:
             "HOROVOD_CONTROLLER": "gloo",
             "HOROVOD_CPU_OPERATIONS": os.environ.get("HOROVOD_CPU_OPERATIONS", "gloo"),
             "HOROVOD_GLOO_IFACE": os.environ.get("HOROVOD_GLOO_IFACE")
-            or ("lo" if self.single_host else gloo_interface(addr)),
+            or ("lo" if self.single_host else _gloo_ifname() or gloo_interface(addr)),
             "HOROVOD_HOSTNAME": hostname,
             "HOROVOD_RANK": str(env.rank),
             "HOROVOD_SIZE": str(env.world_size),

@@ -74,6 +74,14 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the abstraction overhead")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cluster",
+        type=int,
+        default=0,
+        metavar="HOSTS",
+        help="run on an emulated cluster of HOSTS network namespaces, one rank per host (root)",
+    )
+    p.add_argument("--bandwidth", default=None, help="rate of each emulated host link, e.g. 1gbit (with --cluster)")
     return p
 
 
@@ -105,6 +113,8 @@ def config_from_args(args: argparse.Namespace):
         allreduce=args.allreduce,
         overhead=args.overhead,
         seed=args.seed,
+        cluster=args.cluster,
+        bandwidth=args.bandwidth,
     )
 
 

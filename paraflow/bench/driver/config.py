@@ -120,6 +120,10 @@ class BenchConfig:
         allreduce: run the allreduce microbenchmark and memory-copy bandwidth.
         overhead: run the abstraction-overhead comparison.
         seed: model initialisation and data seed.
+        cluster: run on an emulated cluster of this many hosts, one rank per host (0: no cluster);
+            multi-process cells then have exactly that many processes, and the abstraction
+            overhead (a one-host question) is not measured.
+        bandwidth: each host link's rate on the emulated cluster, in tc notation (1gbit).
     """
 
     backends: Optional[list] = None
@@ -140,6 +144,8 @@ class BenchConfig:
     allreduce: bool = True
     overhead: bool = True
     seed: int = 0
+    cluster: int = 0
+    bandwidth: Optional[str] = None
 
     def __post_init__(self) -> None:
         from ...examples.data import DATASETS
@@ -162,6 +168,12 @@ class BenchConfig:
             raise ConfigurationError(f"min_window={self.min_window}: must be zero or more seconds.")
         if self.timeout <= 0:
             raise ConfigurationError(f"timeout={self.timeout}: must be positive seconds.")
+        if self.bandwidth and not self.cluster:
+            raise ConfigurationError(f"--bandwidth {self.bandwidth} shapes cluster links: add --cluster 2.")
+        if self.cluster:
+            if int(self.cluster) < 2:
+                raise ConfigurationError(f"--cluster {self.cluster}: an emulated cluster needs 2 or more hosts.")
+            self.nprocs, self.overhead = [int(self.cluster)], False
         self.nprocs = sorted({int(n) for n in self.nprocs})
         self.models = [m if isinstance(m, ModelSpec) else ModelSpec.parse(m) for m in self.models]
         if self.overhead_model is None:

@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..report.header import collect_header, header_lines
+from ..report.header import cluster_line, collect_header, header_lines
 from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, terminal_report, write_csvs, write_json
 from ..report.tables import build_tables
 from .config import BenchConfig
 from .matrix import Matrix, build_matrix
+from .on_cluster import bench_cluster, cluster_header
 from .runner import run_cells, worker_entry
 
 __all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
@@ -63,7 +64,12 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         )
 
     start = time.monotonic()
-    cell_results = run_cells(matrix.cells, config, raw, entry=entry, progress=progress)
+    with bench_cluster(config) as cluster:
+        if cluster is not None:
+            header["cluster"] = cluster_header(cluster)
+            if progress:
+                print(cluster_line(header["cluster"]), file=progress, flush=True)
+        cell_results = run_cells(matrix.cells, config, raw, entry=entry, progress=progress, cluster=cluster)
     cells = [r.to_dict() for r in cell_results]
     header["commands"] = [c["command"] for c in cells]
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)

@@ -65,7 +65,12 @@ class CellResult:
 
 
 def command_line(command: list, env: dict) -> str:
-    """The launch as a shell line, variables it sets or removes included: `env -u X A=1 cmd ...`."""
+    """The launch as a shell line, variables it sets or removes included: `env -u X A=1 cmd ...`.
+
+    A launch on an emulated cluster has one command per host (a list each): they run together.
+    """
+    if command and isinstance(command[0], list):
+        return " & ".join(command_line(part, env) for part in command)
     unset = [arg for key, value in env.items() if value is None for arg in ("-u", key)]
     assign = [f"{key}={value}" for key, value in env.items() if value is not None]
     return shlex.join((["env", *unset] if unset else []) + assign + list(command))
@@ -162,8 +167,10 @@ def run_cell(
     raw_dir: Path,
     timeout: float,
     entry: Callable[[Cell, BenchConfig, Path], list] = worker_entry,
+    cluster=None,
 ) -> CellResult:
-    """Launch one cell and collect what its ranks wrote; never raises for a failed launch."""
+    """Launch one cell (on `cluster`'s hosts when given) and collect what its ranks wrote; never
+    raises for a failed launch."""
     out_dir = raw_dir / cell.id
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("rank*.json"):
@@ -171,6 +178,11 @@ def run_cell(
     env = cell_env(cell, timeout)
     start = time.monotonic()
     try:
+        if cluster is not None:
+            from .on_cluster import run_on_cluster
+
+            command, result = run_on_cluster(cluster, cell, entry(cell, config, out_dir), env, timeout)
+            return _outcome(cell, command, result, out_dir, timeout, env)
         command = launch_command(
             cell.launcher,
             cell.nproc,
@@ -182,6 +194,11 @@ def run_cell(
             cell, [cell.launcher], "failed", f"{type(exc).__name__}: {exc}", time.monotonic() - start, env=env
         )
     result = run_launch(command, timeout=timeout, env=env)
+    return _outcome(cell, command, result, out_dir, timeout, env)
+
+
+def _outcome(cell: Cell, command: list, result, out_dir: Path, timeout: float, env: dict) -> CellResult:
+    """The cell's status and error from its launch's result and the rank files it left."""
     ranks, missing = _read_ranks(out_dir, cell.nproc)
     if result.timed_out:
         error = f"timed out after {timeout:.0f} s (every process of the launch was killed)"
@@ -218,6 +235,7 @@ def run_cells(
     timeout: Optional[float] = None,
     entry: Callable[[Cell, BenchConfig, Path], list] = worker_entry,
     progress=True,
+    cluster=None,
 ) -> list:
     """Run `cells` one after another, printing progress; a failed or hung cell does not stop the rest."""
     progress = sys.stdout if progress is True else (progress or None)
@@ -232,7 +250,7 @@ def run_cells(
                 file=progress,
                 flush=True,
             )
-        result = run_cell(cell, config, raw_dir, timeout, entry)
+        result = run_cell(cell, config, raw_dir, timeout, entry, cluster)
         results.append(result)
         if progress:
             print(f"    $ {command_line(result.command, result.env)}", file=progress)

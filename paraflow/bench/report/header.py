@@ -13,7 +13,7 @@ from typing import Optional
 from ...backends.horovod.info import summary as horovod_summary
 from ...tools.launch import find_tool
 
-__all__ = ["collect_header", "header_lines", "busy_warning", "UNITS"]
+__all__ = ["collect_header", "header_lines", "busy_warning", "cluster_line", "UNITS"]
 
 UNITS = "GB = 1e9 bytes, MB = 1e6 bytes; GB/s = 1e9 bytes per second; times are wall-clock"
 
@@ -94,6 +94,15 @@ def collect_header(threads_per_process: dict, launchers: list, commands: list) -
     }
 
 
+def cluster_line(cluster: dict) -> str:
+    """The emulated cluster a run used, in one line."""
+    return (
+        f"emulated cluster: {cluster['hosts']} hosts (network namespaces on this machine, sharing its "
+        f"cores), {cluster['ranks_per_host']} rank per host, each host link {cluster['bandwidth']} both "
+        f"ways ({cluster['link']})"
+    )
+
+
 def busy_warning(header: dict) -> Optional[str]:
     """A warning when other work competed for the CPU: a 1-min load average above the core count."""
     load = header["load_average_1min"]
@@ -119,6 +128,8 @@ def header_lines(header: dict, with_commands: bool = True) -> list[str]:
         f"1-min load average: {load.get('start')} at start, {load.get('end', '?')} at end",
         f"units: {header['units']}",
     ]
+    if header.get("cluster"):
+        lines.append(cluster_line(header["cluster"]))
     warning = busy_warning(header)
     if warning:
         lines.append(warning)

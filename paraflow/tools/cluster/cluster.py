@@ -1,0 +1,247 @@
+"""An emulated cluster on one machine: N hosts as network namespaces joined by one switch.
+
+Each host ``nodeI`` is a namespace ``pf-NAME-nodeI`` with one interface, ``eth0``, at
+``198.18.0.(I+1)/24`` (the benchmarking range, RFC 2544), and its own host name and hosts file;
+its link runs to a bridge in a namespace of its own (``pf-NAME-switch``), which has no address and
+no route, so nothing in the cluster reaches anything outside it. A bandwidth limit applies to
+each host's link in both directions. Everything the cluster makes carries the prefix
+``pf-NAME-``; :meth:`Cluster.down` removes all of it, and :func:`remove_stale` the clusters that
+processes now dead left behind.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Optional
+
+from . import netns
+from .agents import write_ssh_agent
+from .netns import ClusterError
+
+__all__ = ["Cluster", "Host", "SUBNET", "IFNAME", "STATE_ROOT", "cluster_names", "remove_stale", "owned_name"]
+
+#: Every address the cluster hands out lies in this range (RFC 2544 benchmarking), no other.
+SUBNET = ipaddress.ip_network("198.18.0.0/15")
+_HOST_NET = ipaddress.ip_network("198.18.0.0/24")
+#: The one interface every host has, as on a real cluster: GLOO_SOCKET_IFNAME, btl_tcp_if_include.
+IFNAME = "eth0"
+#: Where each cluster keeps its description and its ssh stand-in.
+STATE_ROOT = "/run/paraflow-cluster"
+_PREFIX = "pf-"
+_NAME = re.compile(r"[a-z0-9]{1,24}")
+_NETNS_ETC = "/etc/netns"  # `ip netns exec NS` mounts /etc/netns/NS/hosts over /etc/hosts
+
+
+@dataclass(frozen=True)
+class Host:
+    """One emulated host: its name, its address on the cluster network, its namespace."""
+
+    name: str
+    address: str
+    namespace: str
+
+
+class Cluster:
+    """N hosts joined by a switch, optionally with a bandwidth limit per host link.
+
+    Args:
+        name: lower-case letters and digits; names every namespace ``pf-NAME-...``.
+        hosts: number of hosts (1 to 250).
+        bandwidth: each host link's rate in tc notation (``1gbit``), or None for no limit.
+        tcp_retries2: the hosts' ``net.ipv4.tcp_retries2``: retransmissions before TCP gives up on
+            a peer that stopped answering. 5 (about 13 s) by default, as high-availability setups
+            use; Linux's 15 (about 15 minutes) leaves torchrun's agent and mpirun on a host cut off
+            from the others blocked that long.
+    """
+
+    def __init__(
+        self, name: str = "cluster", hosts: int = 2, bandwidth: Optional[str] = None, tcp_retries2: int = 5
+    ) -> None:
+        if not _NAME.fullmatch(name):
+            raise ClusterError(f"cluster name {name!r} must be 1-24 lower-case letters or digits (e.g. --name c1).")
+        if not 1 <= hosts <= 250:
+            raise ClusterError(f"--hosts {hosts}: an emulated cluster has 1 to 250 hosts.")
+        if not 1 <= tcp_retries2 <= 30:
+            raise ClusterError(f"--tcp-retries2 {tcp_retries2}: choose 1 to 30 (Linux's default is 15).")
+        self.name = name
+        self.tcp_retries2 = tcp_retries2
+        self.bits_per_s = netns.parse_rate(bandwidth) if bandwidth else None
+        self.hosts = [
+            Host(f"node{i}", str(_HOST_NET.network_address + i + 1), f"{self.prefix}node{i}") for i in range(hosts)
+        ]
+
+    # ---------------------------------------------------------------- names and files
+    @property
+    def prefix(self) -> str:
+        """What every namespace of this cluster starts with."""
+        return f"{_PREFIX}{self.name}-"
+
+    @property
+    def switch(self) -> str:
+        """The namespace holding the bridge."""
+        return f"{self.prefix}switch"
+
+    @property
+    def state_dir(self) -> str:
+        """This cluster's description (cluster.json) and its ssh stand-in (bin/ssh)."""
+        return os.path.join(STATE_ROOT, self.name)
+
+    @property
+    def ssh_agent(self) -> str:
+        """The `ssh` stand-in: Open MPI's plm_rsh_agent, and first on horovodrun's PATH."""
+        return os.path.join(self.state_dir, "bin", "ssh")
+
+    @property
+    def bandwidth(self) -> Optional[str]:
+        """Each host link's rate in tc notation, or None."""
+        return netns.format_rate(self.bits_per_s) if self.bits_per_s else None
+
+    def host(self, name: str) -> Host:
+        """The host called `name` (``node1``), or its address."""
+        for host in self.hosts:
+            if name in (host.name, host.address):
+                return host
+        known = ", ".join(h.name for h in self.hosts)
+        raise ClusterError(f"cluster {self.name} has no host {name!r}; its hosts are {known}.")
+
+    def exists(self) -> bool:
+        """True when any namespace of this cluster is present."""
+        return any(ns.startswith(self.prefix) for ns in netns.namespaces())
+
+    # ---------------------------------------------------------------- life cycle
+    def up(self) -> Cluster:
+        """Build the switch, the hosts and their links; on any failure remove what was built."""
+        problem = netns.support_problem()
+        if problem:
+            raise ClusterError(f"cannot build an emulated cluster here: {problem}")
+        if self.exists():
+            raise ClusterError(
+                f"cluster {self.name} is already up (namespaces {self.prefix}*); "
+                f"take it down first: paraflow cluster down --name {self.name}"
+            )
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _build(self) -> None:
+        run, sw = netns.run, self.switch
+        run(["ip", "netns", "add", sw])
+        run(["ip", "-n", sw, "link", "set", "lo", "up"])
+        run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
+        run(["ip", "-n", sw, "link", "set", "br0", "up"])
+        hosts_file = "127.0.0.1 localhost\n::1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in self.hosts)
+        for i, host in enumerate(self.hosts):
+            run(["ip", "netns", "add", host.namespace])
+            port = f"port{i}"
+            run(["ip", "link", "add", IFNAME, "netns", host.namespace, "type", "veth", "peer", port, "netns", sw])
+            run(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
+            run(["ip", "-n", host.namespace, "addr", "add", f"{host.address}/{_HOST_NET.prefixlen}", "dev", IFNAME])
+            run(["ip", "-n", host.namespace, "link", "set", IFNAME, "up"])
+            run(["ip", "-n", host.namespace, "link", "set", "lo", "up"])
+            run(["sysctl", "-qw", f"net.ipv4.tcp_retries2={self.tcp_retries2}"], host.namespace)
+            etc = os.path.join(_NETNS_ETC, host.namespace)
+            os.makedirs(etc, exist_ok=True)
+            with open(os.path.join(etc, "hosts"), "w") as f:
+                f.write(hosts_file)
+        self.set_bandwidth(self.bandwidth)
+        write_ssh_agent(self.ssh_agent, self.name, [(h.name, h.address, h.namespace) for h in self.hosts])
+        with open(os.path.join(self.state_dir, "cluster.json"), "w") as f:
+            json.dump(self.describe(), f, indent=1)
+
+    def set_bandwidth(self, bandwidth: Optional[str]) -> None:
+        """Limit every host link, both directions, to `bandwidth` (tc notation); None lifts the limit."""
+        self.bits_per_s = netns.parse_rate(bandwidth) if bandwidth else None
+        for i, host in enumerate(self.hosts):
+            netns.shape(host.namespace, IFNAME, self.bits_per_s)  # host -> switch
+            netns.shape(self.switch, f"port{i}", self.bits_per_s)  # switch -> host
+        if os.path.isdir(self.state_dir):
+            with open(os.path.join(self.state_dir, "cluster.json"), "w") as f:
+                json.dump(self.describe(), f, indent=1)
+
+    def set_link(self, host: str, up: bool) -> None:
+        """Take `host`'s interface down (its cable pulled) or bring it back up."""
+        netns.run(["ip", "-n", self.host(host).namespace, "link", "set", IFNAME, "up" if up else "down"])
+
+    def processes(self) -> dict[str, list[int]]:
+        """The processes running in each namespace of this cluster that has any."""
+        found = {ns: netns.namespace_pids(ns) for ns in netns.namespaces() if ns.startswith(self.prefix)}
+        return {ns: pids for ns, pids in found.items() if pids}
+
+    def down(self) -> list[str]:
+        """Kill every process in the cluster, remove its namespaces (links and bridge go with them),
+        hosts files and state; return the namespaces removed. Safe to repeat."""
+        removed = []
+        for ns in netns.namespaces():
+            if ns.startswith(self.prefix):
+                netns.kill_namespace_processes(ns)
+                netns.run(["ip", "netns", "del", ns])
+                removed.append(ns)
+        if os.path.isdir(_NETNS_ETC):
+            for entry in os.listdir(_NETNS_ETC):
+                if entry.startswith(self.prefix):
+                    shutil.rmtree(os.path.join(_NETNS_ETC, entry), ignore_errors=True)
+            if not os.listdir(_NETNS_ETC):
+                os.rmdir(_NETNS_ETC)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        if os.path.isdir(STATE_ROOT) and not os.listdir(STATE_ROOT):
+            os.rmdir(STATE_ROOT)
+        return removed
+
+    def describe(self) -> dict:
+        """What `paraflow cluster status` prints and cluster.json holds."""
+        return {
+            "name": self.name,
+            "interface": IFNAME,
+            "bandwidth": self.bandwidth,
+            "tcp_retries2": self.tcp_retries2,
+            "switch": self.switch,
+            "ssh_agent": self.ssh_agent,
+            "hosts": [vars(h) for h in self.hosts],
+        }
+
+    @classmethod
+    def load(cls, name: str = "cluster") -> Cluster:
+        """The cluster `paraflow cluster up --name NAME` built, from its cluster.json."""
+        path = os.path.join(STATE_ROOT, name, "cluster.json")
+        try:
+            with open(path) as f:
+                state = json.load(f)
+        except OSError:
+            raise ClusterError(
+                f"no cluster named {name!r} is up (no {path}); start one: paraflow cluster up --name {name}"
+            ) from None
+        return cls(name, len(state["hosts"]), state.get("bandwidth"), state.get("tcp_retries2", 5))
+
+
+def cluster_names() -> list[str]:
+    """Names of the clusters whose namespaces exist now."""
+    found = {ns[len(_PREFIX) :].split("-")[0] for ns in netns.namespaces() if ns.startswith(_PREFIX)}
+    return sorted(n for n in found if _NAME.fullmatch(n))
+
+
+def owned_name(family: str, pid: Optional[int] = None, tag: str = "") -> str:
+    """A cluster name tied to a process, ``FAMILY<pid>TAG`` (tag: letters), so that
+    :func:`remove_stale` can tell when its owner is gone."""
+    return f"{family}{pid or os.getpid()}{tag}"
+
+
+def remove_stale(family: str) -> list[str]:
+    """Take down the clusters named ``FAMILY<pid>[TAG]`` whose process no longer runs; return their names.
+
+    Only that family is touched: other clusters, and those of live processes, stay.
+    """
+    stale = []
+    for name in cluster_names():
+        match = re.fullmatch(rf"{re.escape(family)}(\d+)[a-z]*", name)
+        if match and not os.path.exists(f"/proc/{match.group(1)}"):
+            Cluster(name, 1).down()
+            stale.append(name)
+    return stale
