@@ -35,17 +35,19 @@ class Collectives(abc.ABC):
         """Reduce `tensor` over all ranks with `op` (sum, mean, min, max); input is unchanged."""
         self._check_tensor(tensor, "allreduce")
         self._check_allreduce_op(tensor, op)
-        with self._guard("allreduce", tensor, op=op):
+        with self._guard("allreduce", tensor, carry=True, op=op) as carried:
+            if carried is not None:
+                return _reduce(carried, op).to(tensor.device)
             return self._allreduce(tensor.detach().clone(), op)
 
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce `tensor` over all ranks with `op`, in place (no copy); returns `tensor`."""
         self._check_tensor(tensor, "allreduce")
         self._check_allreduce_op(tensor, op)
-        with self._guard("allreduce", tensor, op=op):
-            result = self._allreduce(tensor.detach(), op)
+        with self._guard("allreduce", tensor, carry=True, op=op) as carried:
+            result = _reduce(carried, op) if carried is not None else self._allreduce(tensor.detach(), op)
         if result.data_ptr() != tensor.data_ptr():
-            tensor.copy_(result)
+            tensor.detach().copy_(result)
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
@@ -53,13 +55,28 @@ class Collectives(abc.ABC):
         self._check_tensor(tensor, "broadcast")
         if not 0 <= src < self.world_size:
             raise ConfigurationError(f"broadcast src={src} is outside ranks 0..{self.world_size - 1}.")
-        with self._guard("broadcast", tensor, src=src):
+        with self._guard("broadcast", tensor, carry=True, src=src) as carried:
+            if carried is not None:
+                return carried[src].to(tensor.device)
             return self._broadcast(tensor.detach().clone(), src)
+
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Overwrite `tensor` with rank `src`'s, in place (no copy); returns `tensor`."""
+        self._check_tensor(tensor, "broadcast")
+        if not 0 <= src < self.world_size:
+            raise ConfigurationError(f"broadcast src={src} is outside ranks 0..{self.world_size - 1}.")
+        with self._guard("broadcast", tensor, carry=True, src=src) as carried:
+            result = carried[src] if carried is not None else self._broadcast(tensor.detach(), src)
+        if result.data_ptr() != tensor.data_ptr():
+            tensor.detach().copy_(result)
+        return tensor
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Return every rank's `tensor` (same shape on all ranks), indexed by rank."""
         self._check_tensor(tensor, "allgather")
-        with self._guard("allgather", tensor):
+        with self._guard("allgather", tensor, carry=True) as carried:
+            if carried is not None:
+                return [t.to(tensor.device) for t in carried]
             return self._allgather(tensor.detach().contiguous())
 
     def barrier(self) -> None:
@@ -69,14 +86,22 @@ class Collectives(abc.ABC):
             self._barrier()
 
     @contextlib.contextmanager
-    def _guard(self, collective: str, tensor: Optional[torch.Tensor] = None, **arguments: Any) -> Iterator[None]:
+    def _guard(
+        self, collective: str, tensor: Optional[torch.Tensor] = None, carry: bool = False, **arguments: Any
+    ) -> Iterator[Optional[list]]:
         """Around one collective: all ranks must agree on it (paraflow.reliability.collective_check), and
-        communication failures leave as paraflow errors (paraflow.reliability.translation)."""
+        communication failures leave as paraflow errors (paraflow.reliability.translation).
+
+        Yields every rank's `tensor` when `carry` and the check carried it (small tensors), else None.
+        """
         with collective_errors(self, collective):
+            carried = None
             if self.world_size > 1:
                 self.collective_count += 1
-                check_collective(self, self._allgather, self.collective_count, collective, tensor, **arguments)
-            yield
+                carried = check_collective(
+                    self, self._allgather, self.collective_count, collective, tensor, carry=carry, **arguments
+                )
+            yield carried
 
     # ---------------------------------------------------------------- for subclasses
     @abc.abstractmethod
@@ -109,6 +134,19 @@ class Collectives(abc.ABC):
         if not isinstance(tensor, torch.Tensor):
             raise ConfigurationError(f"{collective} takes a torch.Tensor, got {type(tensor).__name__}.")
         self._env()
+
+
+def _reduce(tensors: list, op: str) -> torch.Tensor:
+    """`op` over every rank's tensor, in rank order (the same arithmetic on every rank)."""
+    result = tensors[0]  # fresh memory from the exchange
+    for other in tensors[1:]:
+        if op in ("sum", "mean"):
+            result.add_(other)
+        else:
+            torch.maximum(result, other, out=result) if op == "max" else torch.minimum(result, other, out=result)
+    if op == "mean":
+        result.div_(len(tensors))
+    return result
 
 
 class LocalCollectives:
