@@ -44,13 +44,16 @@ def test_command_line_shows_what_the_launch_sets_and_removes():
 def test_worker_arguments_per_kind():
     config = BenchConfig(models=["mlp:width=16", "cnn"], steps=3, min_window=0.5, sizes=[4096, 16384])
     train = worker_args(
-        Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), allreduce=True), config, Path("/o")
+        Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), sweep=True), config, Path("/o")
     )
     assert train[train.index("--model") + 1] == "mlp:width=16" and train.count("--model") == 2
-    assert train[train.index("--allreduce-sizes") + 1] == "4096,16384"
+    assert train[train.index("--sweep-sizes") + 1] == "4096,16384"
+    assert train[train.index("--collectives") + 1] == "allreduce" and train[train.index("--dtypes") + 1] == "float32"
+    assert train[train.index("--scaling") + 1] == "weak" and "--pin" in train
     assert train[train.index("--min-window") + 1] == "0.5" and train[train.index("--steps") + 1] == "3"
     memcpy = worker_args(Cell("memcpy", None, "python", 1, 1), config, Path("/o"))
-    assert memcpy == ["--out", "/o", "--memcpy-sizes", "4096,16384", "--threads", "1"]
+    assert memcpy == ["--out", "/o", "--pin", "--memcpy-sizes", "4096,16384", "--threads", "1"]
+    assert "--pin" not in worker_args(Cell("memcpy", None, "python", 1, 1), BenchConfig(pin=False), Path("/o"))
     overhead = worker_args(Cell("overhead", "horovod", "mpirun", 2, 1, MLP), config, Path("/o"))
     assert overhead[overhead.index("--overhead") + 1] == "mlp:width=16"
     assert overhead[overhead.index("--steps") + 1] == str(config.overhead_steps)

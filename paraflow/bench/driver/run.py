@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..report.header import collect_header, header_lines
+from ..report.header import binding_summary, collect_header, header_lines
 from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, terminal_report, write_csvs, write_json
 from ..report.tables import build_tables
 from .config import BenchConfig
@@ -19,11 +19,13 @@ from .runner import run_cells, worker_entry
 __all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
 
 OUTPUT_FILES = ("results.json", "results.md", *CSV_TABLES, "throughput.png", "busbw.png")
+#: Files an earlier version of the benchmark wrote; removed so they cannot pass for this run's.
+STALE_FILES = ("allreduce.csv", "allreduce_summary.csv")
 
 
 def _prepare(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    for name in OUTPUT_FILES:  # no stale file from an earlier run may pass for this one's
+    for name in OUTPUT_FILES + STALE_FILES:  # no stale file from an earlier run may pass for this one's
         (out / name).unlink(missing_ok=True)
     raw = out / "raw"
     shutil.rmtree(raw, ignore_errors=True)  # cells of an earlier run would pass for this one's
@@ -68,12 +70,16 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     header["commands"] = [c["command"] for c in cells]
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     header["wall_time_s"] = round(time.monotonic() - start, 1)
+    header["binding"] = binding_summary(cells, config.pin)
+    tables = build_tables(cells, header, config.to_dict())
+    header["noise_floor"] = tables["noise_floor"]
     results = {
         "header": header,
         "config": config.to_dict(),
         "skipped": dict(matrix.skipped),
         "cells": cells,
-        "tables": build_tables(cells, header),
+        "tables": tables,
+        "verdict": tables["verdict"],
     }
 
     plots = []

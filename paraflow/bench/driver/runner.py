@@ -47,13 +47,16 @@ class CellResult:
         c = self.cell
         return {
             "id": c.id,
+            "group": c.group,
+            "repeat": c.repeat,
+            "tag": c.tag,
             "kind": c.kind,
             "backend": c.backend,
             "launcher": c.launcher,
             "nproc": c.nproc,
             "threads": c.threads,
             "models": [str(m) for m in c.models],
-            "allreduce": c.allreduce,
+            "sweep": c.sweep,
             "command": command_line(self.command, self.env),
             "status": self.status,
             "error": self.error,
@@ -73,7 +76,7 @@ def command_line(command: list, env: dict) -> str:
 
 def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     """The worker's arguments for `cell` (everything after the module name)."""
-    args = ["--out", str(out_dir)]
+    args = ["--out", str(out_dir)] + (["--pin"] if config.pin else [])
     if cell.kind == "memcpy":
         return args + ["--memcpy-sizes", ",".join(map(str, config.sizes)), "--threads", str(cell.threads)]
     args += [
@@ -91,10 +94,12 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     if cell.kind == "overhead":
         return args + ["--steps", str(config.overhead_steps), "--overhead", str(cell.models[0])]
     args += ["--steps", str(config.steps), "--min-window", str(config.min_window)]
+    args += ["--max-warmup", str(config.max_warmup), "--scaling", ",".join(config.scaling)]
     for spec in cell.models:
         args += ["--model", str(spec)]
-    if cell.allreduce:
-        args += ["--allreduce-sizes", ",".join(map(str, config.sizes))]
+    if cell.sweep:
+        args += ["--sweep-sizes", ",".join(map(str, config.sizes))]
+        args += ["--collectives", ",".join(config.collectives), "--dtypes", ",".join(config.dtypes)]
     return args
 
 
