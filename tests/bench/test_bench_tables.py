@@ -155,7 +155,7 @@ def test_training_rows_pool_launches_as_computed_by_hand():
     assert two["comm_overhead"] == round(1 - 0.015 / 0.055, 4)
     assert two["comm_overhead_low"] <= two["comm_overhead"] <= two["comm_overhead_high"]
     assert two["final_loss"] == 1.5 and two["peak_mem_mb"] == 310.0 and two["warmup_steps"] == 7
-    assert failed["status"] == "launch 1: timed out: timed out after 9 s" and failed["samples_per_s"] is None
+    assert failed["status"] == "timed out: timed out after 9 s" and failed["samples_per_s"] is None
 
 
 def test_a_failed_launch_leaves_the_others_counted_and_says_so():
@@ -179,7 +179,7 @@ def test_strong_scaling_rows_use_the_same_global_batch():
 def test_sweep_rows_set_paraflow_beside_raw():
     tables = build_tables(CELLS + [FAILED])
     row, failed = tables["sweep"]
-    assert set(row) >= set(sweep_columns()) and failed["status"].startswith("launch 1: timed out")
+    assert set(row) >= set(sweep_columns()) and failed["status"].startswith("timed out")
     # raw: per round the slower rank: [2, 2] ms (launch 1), [4, 4] ms (launch 2) -> medians 2 and 4 -> 3 ms
     assert row["raw_time_us"] == 3000.0
     # paraflow: [1.2, 2.4] -> 1.8 ms, then 3.6 ms -> 2.7 ms; ratios 0.9 in both launches

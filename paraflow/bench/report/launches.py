@@ -42,6 +42,8 @@ def group_status(launches: list, used: int, what: str) -> str:
     """ "ok" when every launch gave `what`; else how many did and why the others did not."""
     if used == len(launches):
         return "ok"
+    if len(launches) == 1:
+        return status_of(launches[0]) if launches[0]["status"] != "ok" else f"failed: a rank has no {what}"
     failed = [
         f"launch {c.get('repeat') or i + 1}: {status_of(c)}" for i, c in enumerate(launches) if c["status"] != "ok"
     ]
