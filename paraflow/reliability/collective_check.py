@@ -7,7 +7,8 @@ each of paraflow's own collectives the ranks allgather a fixed-size frame holdin
 descriptor (which collective, its sequence number, dtype, shape, reduce op or source rank, call
 site) through the backend's own allgather, and every rank raises the same CollectiveError when
 they disagree, naming each rank and what it had. Tensors of up to CARRY_BYTES travel inside the
-frame, so a small collective costs one exchange rather than two.
+frame, so a small collective costs one exchange rather than two. This module encodes and
+compares descriptors; :mod:`paraflow.reliability.check_exchange` runs the exchange.
 """
 
 from __future__ import annotations
@@ -18,17 +19,13 @@ import os
 import struct
 import sys
 import zlib
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Optional
 
 import torch
 
 from ..errors import CollectiveError
-from .debug import debug_enabled, trace
 
-if TYPE_CHECKING:
-    from ..core.backend import Backend
-
-__all__ = ["check_collective", "describe", "COLLECTIVES", "DESCRIPTOR_WORDS", "CARRY_BYTES", "FRAME_BYTES"]
+__all__ = ["describe", "mismatch_error", "COLLECTIVES", "DESCRIPTOR_WORDS", "CARRY_BYTES", "FRAME_BYTES"]
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "barrier")
 _OPS = ("sum", "mean", "min", "max")
@@ -192,61 +189,10 @@ def _mismatch(descriptors: list[_Descriptor]) -> Optional[str]:
     return None
 
 
-def check_collective(
-    backend: Backend,
-    gather: Callable[[torch.Tensor], list],
-    sequence: int,
-    collective: str,
-    tensor: Optional[torch.Tensor] = None,
-    op: Optional[str] = None,
-    src: Optional[int] = None,
-    carry: bool = False,
-) -> Optional[list]:
-    """Raise CollectiveError on every rank unless all ranks are about to run the same collective.
-
-    Call on every rank right before the collective itself. Costs one allgather of a fixed-size
-    frame through the backend's own ``_allgather``: the descriptor and, with `carry`, `tensor`
-    itself when it has at most CARRY_BYTES. The frame has the same size on every rank whatever
-    the tensors, so the exchange is safe even when the ranks disagree; a carried tensor then
-    needs no second collective (latency-bound messages would otherwise pay two round trips).
-
-    Args:
-        backend: an initialised multi-process backend (its rank and device).
-        gather: the backend's own allgather, unchecked (the check must not check itself).
-        sequence: this collective's number on this rank (1, 2, ...).
-        collective: one of COLLECTIVES.
-        tensor: the tensor about to be communicated (None for a barrier).
-        op: the allreduce op.
-        src: the broadcast source rank.
-        carry: send `tensor` along when it fits.
-
-    Returns:
-        Every rank's `tensor` (views of fresh memory, indexed by rank) when it was carried, else None.
-    """
-    argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
-    words = _words(collective, sequence, tensor, argument, _call_site())
-    if debug_enabled():
-        trace(backend.rank, str(_Descriptor(words)))
-    frame = bytearray(FRAME_BYTES)
-    _PACK.pack_into(frame, 0, *words)
-    mine = torch.frombuffer(frame, dtype=torch.uint8)
-    if backend.device.type == "cuda":
-        mine = mine.to(backend.device)
-    nbytes = tensor.numel() * tensor.element_size() if tensor is not None else 0
-    carried = carry and tensor is not None and nbytes <= CARRY_BYTES
-    if carried and nbytes:
-        mine[_DESCRIPTOR_BYTES : _DESCRIPTOR_BYTES + nbytes].copy_(tensor.detach().reshape(-1).view(torch.uint8))
-    rows = gather(mine)
-    first = rows[0][:_COMPARED_BYTES]  # everything but the call site
-    if all(torch.equal(row[:_COMPARED_BYTES], first) for row in rows[1:]):
-        if not carried:
-            return None
-        body = slice(_DESCRIPTOR_BYTES, _DESCRIPTOR_BYTES + nbytes)
-        return [row[body].view(tensor.dtype).view(tensor.shape) for row in rows]
-    descriptors = [_Descriptor(row[:_DESCRIPTOR_BYTES].cpu().view(torch.int64).tolist()) for row in rows]
+def mismatch_error(collective: str, rank: int, descriptors: list[_Descriptor]) -> CollectiveError:
+    """The error every rank raises when the descriptors disagree."""
     problem = _mismatch(descriptors) or "the ranks' descriptors differ"
-    raise CollectiveError(
-        f"{collective} on rank {backend.rank}: {problem}: {describe(descriptors)}. Every rank "
-        f"must call the same collectives in the same order, with tensors of the same shape and "
-        f"dtype and the same op / src."
+    return CollectiveError(
+        f"{collective} on rank {rank}: {problem}: {describe(descriptors)}. Every rank must call the same "
+        f"collectives in the same order, with tensors of the same shape and dtype and the same op / src."
     )

@@ -20,4 +20,8 @@ def test_small_and_large_tensors_give_exact_results_and_mismatches_fail_everywhe
             assert outcome.startswith("CollectiveError") and "rank 0 called" in outcome, (case, outcome)
         assert "float32[3]" in result["mismatches"]["carried-vs-not"]
         assert "float32[5000]" in result["mismatches"]["carried-vs-not"]
+        assert len(result["mismatches"]) == 5
+        primed = [k for k in result if k.startswith("primed/")]
+        assert len(primed) == 3 and all(result[k] for k in primed), "the repeated call did not start early"
+        assert all(result[f"after/{case}"] == 0 for case in result["mismatches"]), result
         assert result["final"] == [2.0, 2.0], "the job is unusable after the mismatches"

@@ -51,18 +51,26 @@ def main(name: str, out: Path) -> None:
             checks["allreduce_/in place"] = wrong(in_place, sum(rows))
             results[str(n)] = checks
         mismatches = {}
-        small, large = torch.ones(3), torch.ones(5000)
-        for case, mine in {
-            "carried-vs-not": small if rank == 0 else large,
-            "not-vs-carried-broadcast": (lambda: backend.broadcast(large))
-            if rank == 0
-            else (lambda: backend.allgather(small)),
-        }.items():
+        small, large, other = torch.ones(3), torch.ones(5000), torch.ones(6000)
+        cases = {  # (rank 0's call, the other ranks' call)
+            "carried-vs-not": (lambda: backend.allreduce(small), lambda: backend.allreduce(large)),
+            "not-vs-carried-broadcast": (lambda: backend.broadcast(large), lambda: backend.allgather(small)),
+            # after the same call on every rank, rank 0 repeats it: it starts before the check
+            "repeated-vs-other-shape": (lambda: backend.allreduce(large), lambda: backend.allreduce(other)),
+            "repeated-vs-barrier": (lambda: backend.allreduce_(large.clone()), backend.barrier),
+            "repeated-allgather-vs-small": (lambda: backend.allgather(large), lambda: backend.allreduce(small)),
+        }
+        expected = sum(values(r, 5000) for r in range(world))
+        for case, calls in cases.items():
+            if case.startswith("repeated"):
+                calls[0]()  # every rank: agreed
+                results[f"primed/{case}"] = getattr(backend, "_last_agreed", None) is not None
             try:
-                mine() if callable(mine) else backend.allreduce(mine, op="sum")
+                calls[0 if rank == 0 else 1]()
                 mismatches[case] = "ok"
             except paraflow.CollectiveError as exc:
                 mismatches[case] = f"CollectiveError: {exc}"
+            results[f"after/{case}"] = wrong(backend.allreduce(values(rank, 5000), op="sum"), expected)
         results["mismatches"] = mismatches
         results["final"] = backend.allreduce(torch.ones(2), op="sum").tolist()
         results["rank"] = rank
