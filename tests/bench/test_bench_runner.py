@@ -4,7 +4,7 @@ from pathlib import Path
 
 from paraflow.bench.driver.config import BenchConfig, ModelSpec
 from paraflow.bench.driver.matrix import Cell
-from paraflow.bench.driver.runner import MPI_YIELD, cell_env, command_line, worker_args
+from paraflow.bench.driver.runner import MPI_YIELD, OMP_WAIT, cell_env, command_line, worker_args
 
 MLP = (ModelSpec.parse("mlp:width=16"),)
 
@@ -20,6 +20,7 @@ def test_cell_env_fixes_threads_and_drops_inherited_launcher_variables(monkeypat
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv(MPI_YIELD, raising=False)
+    monkeypatch.delenv(OMP_WAIT, raising=False)
     env = cell_env(Cell("train", "ddp-gloo", "torchrun", 2, 1, MLP), timeout=60)
     assert {k for k, v in env.items() if v is None} == {
         "RANK",
@@ -33,6 +34,9 @@ def test_cell_env_fixes_threads_and_drops_inherited_launcher_variables(monkeypat
     assert cell_env(Cell("train", "horovod", "mpirun", 2, 1, MLP), 60)[MPI_YIELD] == "1"
     monkeypatch.setenv(MPI_YIELD, "0")  # the user's own choice wins
     assert MPI_YIELD not in cell_env(Cell("train", "horovod", "mpirun", 2, 1, MLP), 60)
+    assert env[OMP_WAIT] == "PASSIVE"  # OpenMP threads sleep rather than spin at barriers
+    monkeypatch.setenv(OMP_WAIT, "ACTIVE")
+    assert OMP_WAIT not in cell_env(Cell("train", "single", "python", 1, 2, MLP), 60)
 
 
 def test_command_line_shows_what_the_launch_sets_and_removes():

@@ -182,8 +182,9 @@ def test_sweep_rows_set_paraflow_beside_raw():
     assert set(row) >= set(sweep_columns()) and failed["status"].startswith("timed out")
     # raw: per round the slower rank: [2, 2] ms (launch 1), [4, 4] ms (launch 2) -> medians 2 and 4 -> 3 ms
     assert row["raw_time_us"] == 3000.0
-    # paraflow: [1.2, 2.4] -> 1.8 ms, then 3.6 ms -> 2.7 ms; ratios 0.9 in both launches
-    assert row["time_us"] == 2700.0 and row["vs_raw"] == 0.9 == row["vs_raw_low"] == row["vs_raw_high"]
+    # paraflow: [1.2, 2.4] -> 1.8 ms, then 3.6 ms -> 2.7 ms; paired per round: 0.6 and 1.2 in both launches
+    assert row["time_us"] == 2700.0 and row["vs_raw"] == 0.9
+    assert (row["vs_raw_low"], row["vs_raw_high"]) == (0.6, 1.2)
     assert row["busbw"] == round(4096 / 0.0027 / 1e9, 4) and row["algbw"] == row["busbw"]  # n = 2: factor 1
     assert row["wrong"] == 2 and row["memcpy"] == 4.096  # rank 1's one wrong element, in each launch
     footer = tables["sweep_footer"][0]

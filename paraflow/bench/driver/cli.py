@@ -81,6 +81,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--units", choices=("GB/s", "Gbit/s"), default="GB/s", help="bandwidth unit (default: GB/s)")
     p.add_argument(
+        "--sweep-rounds",
+        type=int,
+        default=4,
+        help="alternating raw / paraflow blocks per sweep size: more resolve paraflow/raw finer (default: 4)",
+    )
+    p.add_argument(
         "--overhead-steps",
         type=int,
         default=240,
@@ -142,6 +148,7 @@ def config_from_args(args: argparse.Namespace):
         collectives=list(COLLECTIVES) if args.collectives == ["all"] else args.collectives,
         dtypes=args.dtypes,
         units=args.units,
+        sweep_rounds=args.sweep_rounds,
         sizes=message_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor),
         overhead_steps=args.overhead_steps,
         overhead_model=args.overhead_model,

@@ -134,6 +134,8 @@ class BenchConfig:
         collectives: collectives the sweep measures.
         dtypes: element types the sweep measures.
         units: bandwidth unit of the sweep tables and plots, "GB/s" or "Gbit/s".
+        sweep_rounds: alternating raw / paraflow blocks per sweep size (each block about a quarter
+            of the bytes a size moves).
         overhead_steps: paraflow/raw/control step rounds for the abstraction overhead.
         overhead_model: model for the abstraction overhead (default: the first of models).
         launchers: restrict to these launchers (None: each backend's own).
@@ -163,6 +165,7 @@ class BenchConfig:
     collectives: list = field(default_factory=lambda: ["allreduce"])
     dtypes: list = field(default_factory=lambda: ["float32"])
     units: str = "GB/s"
+    sweep_rounds: int = 4
     overhead_steps: int = 240
     overhead_model: Optional[ModelSpec] = None
     launchers: Optional[list] = None
@@ -184,6 +187,7 @@ class BenchConfig:
             ("warmup", self.warmup, 0),
             ("overhead_steps", self.overhead_steps, 1),
             ("repeat", self.repeat, 1),
+            ("sweep_rounds", self.sweep_rounds, 1),
         ):
             if int(value) < low:
                 raise ConfigurationError(f"{name}={value}: must be at least {low}.")

@@ -22,6 +22,7 @@ __all__ = ["CellResult", "run_cells", "worker_entry", "worker_args", "cell_env",
 WORKER_MODULE = "paraflow.bench.rank.worker"
 _TAIL = 4000
 MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
+OMP_WAIT = "OMP_WAIT_POLICY"
 
 
 @dataclass
@@ -100,6 +101,7 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     if cell.sweep:
         args += ["--sweep-sizes", ",".join(map(str, config.sizes))]
         args += ["--collectives", ",".join(config.collectives), "--dtypes", ",".join(config.dtypes)]
+        args += ["--rounds", str(config.sweep_rounds)]
     return args
 
 
@@ -125,6 +127,11 @@ def cell_env(cell: Cell, timeout: float) -> dict:
             "PARAFLOW_TIMEOUT": str(int(max(timeout, 1))),
         }
     )
+    if OMP_WAIT not in os.environ:
+        # OpenMP threads otherwise spin at every barrier before sleeping: when other processes share
+        # the cores, a 2-thread process measured 2-5 times slower and erratic (16.5 ms against
+        # 37-87 ms per MLP step here at load average 9); sleeping threads keep it steady.
+        env[OMP_WAIT] = "PASSIVE"
     if cell.launcher == "mpirun" and MPI_YIELD not in os.environ:
         # The cell fills every core, and each horovod rank adds a background thread: Open MPI's
         # default busy-polling would starve the other threads (it yields by itself only when it

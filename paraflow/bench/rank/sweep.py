@@ -30,7 +30,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 #: Roughly this many bytes are moved per size and side, so small messages get many iterations.
 BYTES_PER_SIZE = 64 * 1024**2
 MIN_ITERS, MAX_ITERS = 4, 40
-ROUNDS = 4  # alternating raw / public blocks per size
+ROUNDS = 4  # alternating raw / public blocks per size (default)
 
 
 def iterations_for(size_bytes: int) -> int:
@@ -94,7 +94,7 @@ def _block(call, buffer, iters: int, device) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup: int) -> list:
+def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup: int, rounds: int) -> list:
     device, n, rank = backend.device, backend.world_size, backend.rank
     dtype = DTYPES[dtype_name]
     element = torch.tensor([], dtype=dtype).element_size()
@@ -103,14 +103,14 @@ def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup:
     sides = _calls(collective, backend, raw, n, count, dtype, device)
     buffers = {side: torch.zeros(length, dtype=dtype, device=device) for side, (length, _) in sides.items()}
     total_bytes = count * element * (1 if collective in ("allreduce", "broadcast") else n)
-    iters = max(1, iterations_for(total_bytes) // ROUNDS)
+    iters = max(1, iterations_for(total_bytes) // ROUNDS)  # ROUNDS rounds' worth, however many rounds
     for side, (_, call) in sides.items():
         for _ in range(warmup):
             call(buffers[side])
     device_sync(device)
     backend.barrier()
     times = {side: [] for side in sides}
-    for i in range(ROUNDS):
+    for i in range(rounds):
         for side in list(sides) if i % 2 == 0 else list(sides)[::-1]:
             times[side].append(_block(sides[side][1], buffers[side], iters, device))
     rows = []
@@ -125,7 +125,7 @@ def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup:
                 "dtype": dtype_name,
                 "bytes": total_bytes,
                 "count": count * (1 if collective in ("allreduce", "broadcast") else n),
-                "iters": iters * ROUNDS,
+                "iters": iters * rounds,
                 "time_s": statistics.median(times[side]),
                 "round_s": times[side],
                 "wrong": wrong,
@@ -134,7 +134,9 @@ def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup:
     return rows
 
 
-def run_sweep(backend, raw, sizes: list, collectives: list, dtypes: list, warmup: int = 2) -> dict:
+def run_sweep(
+    backend, raw, sizes: list, collectives: list, dtypes: list, warmup: int = 2, rounds: int = ROUNDS
+) -> dict:
     """Sweep `sizes` (bytes) for each collective and dtype; this rank's times and checks.
 
     `raw` is the backend's ``raw_loop`` (None: paraflow's calls only).
@@ -145,7 +147,7 @@ def run_sweep(backend, raw, sizes: list, collectives: list, dtypes: list, warmup
         for dtype_name in dtypes:
             try:
                 for size in sizes:
-                    rows += _one_size(backend, raw, collective, dtype_name, size, warmup)
+                    rows += _one_size(backend, raw, collective, dtype_name, size, warmup, rounds)
             except (ValueError, TypeError, RuntimeError) as exc:  # horovod refuses bfloat16, for one
                 if backend.world_size > 1:
                     backend.barrier()  # every rank refuses alike; realign before the next one

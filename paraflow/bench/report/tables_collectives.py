@@ -3,8 +3,8 @@
 Per launch, a size's time is the median over rounds of the slowest rank's block mean; across launches the row
 shows the median with a 95% bootstrap interval (intervals.py), bandwidths follow from the time
 (algbw = size / time, busbw = algbw x nccl-tests' factor for the collective), and paraflow / raw
-is the median over launches of each launch's ratio, so both sides of a ratio come from the same
-minutes of the same processes.
+pairs each round's paraflow block with the raw block beside it (median over rounds, then over
+launches), so both sides of a ratio come from the same moments of the same processes.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _rows_of(group: str, found: list, ident: dict, copy_bw: dict, unit: str) -> 
                 if side == "count":
                     continue
                 per_launch = [metrics.slowest_rank_per_step(ranks) for ranks in data["time"].values()]  # per round
-                times[side] = [intervals.median(rounds) for rounds in per_launch]
+                times[side] = per_launch
                 est = intervals.estimate(per_launch, "median", "time", group, collective, dtype, size, side)
                 prefix = "raw_" if side == "raw" else ""
                 _put(row, f"{prefix}time_us", est, 1e6, 2)
@@ -132,8 +132,8 @@ def _rows_of(group: str, found: list, ident: dict, copy_bw: dict, unit: str) -> 
                 if side == "public":
                     _put_bw(row, "algbw", size, 1.0, est, UNIT_SCALE[unit])
             row["wrong"] = sum(d["wrong"] for k, d in slot.items() if k != "count")
-            if "public" in times and "raw" in times:
-                ratios = [[p / r] for p, r in zip(times["public"], times["raw"])]
+            if "public" in times and "raw" in times:  # paired: a round's paraflow block over its raw block
+                ratios = [[p / r for p, r in zip(pub, raw)] for pub, raw in zip(times["public"], times["raw"])]
                 _put(row, "vs_raw", intervals.estimate(ratios, "median", "ratio", group, collective, dtype, size), 1, 3)
             busbw = row["busbw"] if row["busbw"] is not None else row["raw_busbw"]
             copy = copy_bw.get((device, size))
