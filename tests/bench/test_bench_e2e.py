@@ -58,6 +58,8 @@ def run(tmp_path_factory):
         "16K",
         "--overhead-steps",
         "6",
+        "--pin",
+        "on",
         "--timeout",
         "120",
         "--out",

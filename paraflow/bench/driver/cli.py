@@ -57,7 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="mark a figure noisy when its 95%% interval reaches further than this fraction (default: 0.10)",
     )
     p.add_argument("--no-aa-check", dest="aa_check", action="store_false", help="skip the A/A noise-floor launches")
-    p.add_argument("--no-pin", dest="pin", action="store_false", help="leave thread placement to the OS")
+    p.add_argument(
+        "--pin",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="bind each rank to cores of its own: on, off, or auto = on unless the machine is busy at the start "
+        "(1-min load average above the core count), where pinned ranks cannot move off busy cores (default: auto)",
+    )
     p.add_argument(
         "--scaling", type=_list, default=["weak"], metavar="MODES", help="weak, strong or weak,strong (default: weak)"
     )

@@ -128,7 +128,8 @@ class BenchConfig:
         repeat: independent launches of every training cell (intervals come from their spread).
         noisy: relative half-width of a 95% interval above which a figure is marked noisy.
         aa_check: launch the first training cell twice more at the start (A/A): the machine's noise floor.
-        pin: bind each rank's threads to cores of its own.
+        pin: bind each rank's threads to cores of its own: "on", "off", or "auto" (on unless the
+            1-min load average at the start exceeds the core count; :meth:`resolve_pin`).
         scaling: "weak" (fixed batch per process), "strong" (fixed global batch) or both.
         sizes: collective sweep and memory-copy message sizes in bytes.
         collectives: collectives the sweep measures.
@@ -159,7 +160,7 @@ class BenchConfig:
     repeat: int = 3
     noisy: float = 0.10
     aa_check: bool = True
-    pin: bool = True
+    pin: str = "auto"
     scaling: list = field(default_factory=lambda: ["weak"])
     sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024**2, 4))
     collectives: list = field(default_factory=lambda: ["allreduce"])
@@ -209,6 +210,8 @@ class BenchConfig:
                 raise ConfigurationError(
                     f"{name} {', '.join(wrong)}: choose from {', '.join(known)} (e.g. --{name} {known[0]})."
                 )
+        if self.pin not in ("auto", "on", "off"):
+            raise ConfigurationError(f"pin={self.pin!r}: choose auto, on or off (--pin off).")
         if self.units not in UNITS:
             raise ConfigurationError(f"units {self.units!r}: choose GB/s or Gbit/s (--units Gbit/s).")
         if not 0 < self.noisy < 1:
@@ -226,6 +229,17 @@ class BenchConfig:
             self.overhead_model = self.models[0]
         elif not isinstance(self.overhead_model, ModelSpec):
             self.overhead_model = ModelSpec.parse(self.overhead_model)
+
+    def resolve_pin(self, load: float, cores: int) -> tuple[bool, str]:
+        """(pin?, why) for this run, given the 1-min load average and the core count at the start."""
+        if self.pin != "auto":
+            return self.pin == "on", f"--pin {self.pin}"
+        if load > cores:
+            return False, (
+                f"--pin auto: not pinned, the machine was busy at the start (load average {load:g} on {cores} "
+                "cores) and a pinned rank cannot move off a busy core"
+            )
+        return True, f"--pin auto: pinned, load average {load:g} on {cores} cores at the start"
 
     def to_dict(self) -> dict:
         """JSON-ready copy, models written as specs."""

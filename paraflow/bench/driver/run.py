@@ -6,9 +6,11 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
+from ...core.placement import cores
 from ..report.header import binding_summary, collect_header, header_lines
 from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, terminal_report, write_csvs, write_json
 from ..report.tables import build_tables
@@ -48,6 +50,8 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         from ..report.plots import require_pyplot
 
         require_pyplot()
+    pinned, why_pin = config.resolve_pin(os.getloadavg()[0], cores())
+    config = replace(config, pin="on" if pinned else "off")
     matrix = matrix or build_matrix(config)
     out = Path(config.out)
     raw = _prepare(out)
@@ -70,7 +74,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     header["commands"] = [c["command"] for c in cells]
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     header["wall_time_s"] = round(time.monotonic() - start, 1)
-    header["binding"] = binding_summary(cells, config.pin)
+    header["binding"] = f"{binding_summary(cells, pinned)} ({why_pin})"
     tables = build_tables(cells, header, config.to_dict())
     header["noise_floor"] = tables["noise_floor"]
     results = {

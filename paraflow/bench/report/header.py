@@ -97,7 +97,7 @@ def collect_header(threads_per_process: dict, launchers: list, commands: list) -
 def binding_summary(cells: list, pin: bool) -> str:
     """How each rank's threads were placed: the cores each local rank was pinned to, per process count."""
     if not pin:
-        return "none: the OS placed every thread (--no-pin)"
+        return "none: the OS placed every thread"
     seen: dict = {}
     for cell in cells:
         for rank in cell.get("ranks") or []:

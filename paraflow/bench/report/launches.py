@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["groups", "task_of", "status_of", "group_status", "rounded", "device_name"]
+__all__ = ["AA_TAG", "groups", "task_of", "status_of", "group_status", "rounded", "device_name"]
 
 
 def rounded(value: Optional[float], digits: int) -> Optional[float]:
@@ -29,11 +29,15 @@ def task_of(cell: dict, name: str) -> Optional[list]:
     return found if len(found) == cell["nproc"] and found else None
 
 
-def groups(cells: list, kind: str, tag: str = "") -> dict:
-    """group name -> the launches of that cell (records of `kind` with `tag`), in launch order."""
+AA_TAG = "aa"
+
+
+def groups(cells: list, kind: str, aa: bool = False) -> dict:
+    """group name -> the launches of that cell (records of `kind`), in launch order; the A/A
+    check's launches only with `aa`, and then only they."""
     found: dict = {}
     for cell in cells:
-        if cell["kind"] == kind and cell.get("tag", "") == tag:
+        if cell["kind"] == kind and (cell.get("tag", "") == AA_TAG) == aa:
             found.setdefault(cell.get("group", cell["id"]), []).append(cell)
     return found
 

@@ -63,7 +63,7 @@ def _options(config: Optional[dict]) -> dict:
 
 def noise_floor(cells: list) -> Optional[dict]:
     """The A/A check: the same cell launched twice; spread = |m1 - m2| / mean of their median step times."""
-    for group, launches in groups(cells, "train", tag="aa").items():
+    for group, launches in groups(cells, "train", aa=True).items():
         spec = launches[0]["models"][0]
         medians = []
         for cell in launches:
