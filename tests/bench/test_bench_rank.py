@@ -78,6 +78,25 @@ def test_own_time_charges_paraflow_frames_outside_calls_into_c():
     assert hook.total == pytest.approx(0.5 + 0.25 + 0.5)
 
 
+def test_own_time_inside_a_bounded_wait_is_counted_apart():
+    from paraflow.reliability import deadlines
+
+    clock = Clock()
+    hook = OwnTime(clock)
+    ours = Frame(deadlines.__file__, back=Frame("/home/me/train.py"))
+    for at, waiting, event in (  # the flag at an event applies to the interval the event ends
+        (1.0, False, "call"),
+        (2.0, False, "c_call"),
+        (3.0, True, "c_return"),
+        (5.0, True, "return"),
+    ):
+        clock.now = at
+        hook.waiting = waiting
+        hook(ours, event, None)
+    # 1..2 outside a wait (charged to own), 3..5 inside one (charged to waiting)
+    assert (hook.total, hook.waiting_total) == (1.0, 2.0)
+
+
 def test_late_waiting_is_the_gap_before_the_poll_that_found_the_work_done():
     from paraflow.reliability import deadlines
 
@@ -107,5 +126,6 @@ def test_profiling_a_real_step_restores_everything():
     original = deadlines.wait_until
     polls = iter([False, True])
     result = profile_own_code(lambda: deadlines.wait_until(lambda: next(polls), 5, "x"), 1)
-    assert result["profiled_steps"] == 1 and result["own_python_s"][0] > 0 and len(result["late_wait_s"]) == 1
+    assert result["profiled_steps"] == 1 and len(result["late_wait_s"]) == 1
+    assert result["own_python_s"][0] == 0.0 and result["waiting_python_s"][0] > 0  # the polling loop: inside a wait
     assert deadlines.wait_until is original and sys.getprofile() is None

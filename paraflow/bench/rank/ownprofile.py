@@ -1,18 +1,20 @@
 """Measure directly how much of a step is paraflow's own code, independent of step-to-step noise.
 
-Two numbers per step:
+Three numbers per step:
 
 - own Python: the time the innermost running frame is a function of paraflow's library
   (paraflow/ without bench/ and examples/) and not inside a call into C, measured with a
   ``sys.setprofile`` hook that charges each interval to whoever held it (the hook's own work is
-  not charged). Calls from paraflow's code into torch or horovod are excluded.
+  not charged). Calls from paraflow's code into torch or horovod are excluded. It is counted
+  apart inside bounded waits (below): there it runs while the library works, not after it.
 - late waiting: for every bounded wait (``paraflow.reliability.deadlines.wait_until``, which polls
   a library handle with sleeps), the time between the last poll that found the work unfinished
   and the poll that found it done: an upper bound on how long after the library finished
   paraflow noticed. Half of it is the expected delay when finishing times fall anywhere in between.
 
-Their sum bounds what paraflow adds to a step by itself; contention it causes for the cores
-(a polling thread waking up) is left to the paired comparison.
+Own Python outside waits is what paraflow surely adds to a step; plus late waiting, what it adds
+at most by itself. The CPU its polling takes from the library meanwhile (own Python inside waits,
+reported) shows only in the paired comparison.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 __all__ = ["profile_own_code", "is_own_file", "OwnTime", "instrument_waits"]
 
@@ -38,7 +40,9 @@ class OwnTime:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
-        self.total = 0.0
+        self.total = 0.0  # outside bounded waits
+        self.waiting_total = 0.0  # inside them
+        self.waiting = False  # set by instrument_waits around each bounded wait
         self.own = False
         self.last = clock()
         self.cache: dict = {}
@@ -51,7 +55,9 @@ class OwnTime:
 
     def __call__(self, frame, event: str, arg) -> None:
         now = self.clock()
-        if self.own:
+        if self.own and self.waiting:
+            self.waiting_total += now - self.last
+        elif self.own:
             self.total += now - self.last
         if event == "call":
             self.own = self._is_own(frame.f_code)
@@ -65,8 +71,11 @@ class OwnTime:
         self.last = self.clock()
 
 
-def instrument_waits(lateness: list, clock: Callable[[], float] = time.perf_counter) -> Callable[[], None]:
-    """Record each bounded wait's lateness bound into `lateness`; returns the function that undoes it."""
+def instrument_waits(
+    lateness: list, clock: Callable[[], float] = time.perf_counter, hook: Optional[OwnTime] = None
+) -> Callable[[], None]:
+    """Record each bounded wait's lateness bound into `lateness` (and tell `hook` while one runs);
+    returns the function that undoes it."""
     from ...reliability import deadlines
 
     original = deadlines.wait_until
@@ -83,7 +92,13 @@ def instrument_waits(lateness: list, clock: Callable[[], float] = time.perf_coun
                 lateness.append(0.0 if last_unfinished[0] is None else now - last_unfinished[0])
             return finished
 
-        return original(probe, seconds, what)
+        if hook is not None:
+            hook.waiting = True
+        try:
+            return original(probe, seconds, what)
+        finally:
+            if hook is not None:
+                hook.waiting = False
 
     patched = [m for m in list(sys.modules.values()) if getattr(m, "wait_until", None) is original]
     for module in patched:
@@ -98,11 +113,11 @@ def instrument_waits(lateness: list, clock: Callable[[], float] = time.perf_coun
 
 def profile_own_code(run_step: Callable[[], float], steps: int) -> dict:
     """Run `steps` steps under the profile hook; per step: own Python seconds and late-waiting bound."""
-    own_s, late_s = [], []
+    own_s, waiting_s, late_s = [], [], []
     for _ in range(steps):
         lateness: list = []
-        undo = instrument_waits(lateness)
         hook = OwnTime()
+        undo = instrument_waits(lateness, hook=hook)
         sys.setprofile(hook)
         try:
             run_step()
@@ -110,5 +125,6 @@ def profile_own_code(run_step: Callable[[], float], steps: int) -> dict:
             sys.setprofile(None)
             undo()
         own_s.append(hook.total)
+        waiting_s.append(hook.waiting_total)
         late_s.append(sum(lateness))
-    return {"own_python_s": own_s, "late_wait_s": late_s, "profiled_steps": steps}
+    return {"own_python_s": own_s, "waiting_python_s": waiting_s, "late_wait_s": late_s, "profiled_steps": steps}
