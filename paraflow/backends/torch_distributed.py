@@ -156,25 +156,41 @@ class TorchDistributedBackend(Backend):
             return tensor.to(self.device)
         return tensor
 
-    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+    # Asynchronous forms: each starts the operation and returns the function that waits for its result.
+    def _start_allreduce(self, tensor: torch.Tensor, op: str) -> Callable[[], torch.Tensor]:
         work = self._on_comm_device(tensor)
         use_avg = op == "mean" and self.transport == "nccl"
         reduce_op = dist.ReduceOp.AVG if use_avg else getattr(dist.ReduceOp, _TORCH_OPS[op])
-        dist.all_reduce(work, op=reduce_op)
-        if op == "mean" and not use_avg:
-            work.div_(self.world_size)
-        return work.to(tensor.device)
+        handle = dist.all_reduce(work, op=reduce_op, async_op=True)
 
-    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        def finish() -> torch.Tensor:
+            handle.wait()
+            if op == "mean" and not use_avg:
+                work.div_(self.world_size)
+            return work.to(tensor.device)
+
+        return finish
+
+    def _start_broadcast(self, tensor: torch.Tensor, src: int) -> Callable[[], torch.Tensor]:
         work = self._on_comm_device(tensor)
-        dist.broadcast(work, src=src)
-        return work.to(tensor.device)
+        handle = dist.broadcast(work, src=src, async_op=True)
 
-    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        def finish() -> torch.Tensor:
+            handle.wait()
+            return work.to(tensor.device)
+
+        return finish
+
+    def _start_allgather(self, tensor: torch.Tensor, name: Optional[str] = None) -> Callable[[], list]:
         work = self._on_comm_device(tensor)
         out = [torch.empty_like(work) for _ in range(self.world_size)]
-        dist.all_gather(out, work)
-        return [t.to(tensor.device) for t in out]
+        handle = dist.all_gather(out, work, async_op=True)
+
+        def finish() -> list:
+            handle.wait()
+            return [t.to(tensor.device) for t in out]
+
+        return finish
 
     def _barrier(self) -> None:
         if self.device.type == "cuda":

@@ -3,28 +3,37 @@
 torch's gloo does not check its inputs across ranks: an allreduce of float32[3] on one rank
 and float32[4] on another returns a 3-element sum on the first and aborts the second; a
 broadcast into a tensor of another dtype silently fills it with reinterpreted bytes. So before
-each of paraflow's own collectives the ranks allgather a small fixed-size int64 descriptor
-(which collective, its sequence number, dtype, shape, reduce op or source rank, call site)
-through the backend's own allgather, and every rank raises the same CollectiveError when
-they disagree, naming each rank and what it had.
+each of paraflow's own collectives the ranks allgather a fixed-size frame holding an int64
+descriptor (which collective, its sequence number, dtype, shape, reduce op or source rank, call
+site) through the backend's own allgather, and every rank raises the same CollectiveError when
+they disagree, naming each rank and what it had. Tensors of up to CARRY_BYTES travel inside the
+frame, so a small collective costs one exchange rather than two. This module encodes and
+compares descriptors; :mod:`paraflow.reliability.check_exchange` runs the exchange.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import struct
 import sys
 import zlib
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Optional
 
 import torch
 
 from ..errors import CollectiveError
-from .debug import debug_enabled, trace
 
-if TYPE_CHECKING:
-    from ..core.backend import Backend
-
-__all__ = ["check_collective", "call_site", "LIBRARIES", "describe", "COLLECTIVES", "DESCRIPTOR_WORDS"]
+__all__ = [
+    "call_site",
+    "LIBRARIES",
+    "describe",
+    "mismatch_error",
+    "COLLECTIVES",
+    "DESCRIPTOR_WORDS",
+    "CARRY_BYTES",
+    "FRAME_BYTES",
+]
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "barrier")
 _OPS = ("sum", "mean", "min", "max")
@@ -47,6 +56,12 @@ _MAX_DIMS = 6
 _SITE_BYTES = 96
 _HEADER = 8  # magic, collective, sequence, dtype, ndim, numel, argument, shape hash
 DESCRIPTOR_WORDS = _HEADER + _MAX_DIMS + _SITE_BYTES // 8
+_DESCRIPTOR_BYTES = DESCRIPTOR_WORDS * 8
+_COMPARED_BYTES = (_HEADER + _MAX_DIMS) * 8
+_PACK = struct.Struct(f"<{DESCRIPTOR_WORDS}q")
+#: Tensors up to this size ride along with the check; the frame every rank sends is this plus the descriptor.
+CARRY_BYTES = 4096
+FRAME_BYTES = _DESCRIPTOR_BYTES + CARRY_BYTES
 # Frames of these packages are not the user's call site: paraflow itself, the libraries that call
 # back into it (torch's module call running a forward hook, horovod's optimizer step), contextlib.
 LIBRARIES = frozenset({"paraflow", "torch", "horovod", "contextlib"})
@@ -62,22 +77,42 @@ def call_site() -> str:
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
-def _encode(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int, site: str) -> torch.Tensor:
-    words = [-1] * DESCRIPTOR_WORDS
-    words[0], words[1], words[2], words[6] = _MAGIC, COLLECTIVES.index(collective), sequence, argument
-    if tensor is not None:
-        shape = tuple(tensor.shape)
-        words[3] = (
-            _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else 100 + zlib.crc32(str(tensor.dtype).encode())
-        )
-        words[4], words[5] = len(shape), tensor.numel()
-        words[7] = hash(shape) & ((1 << 62) - 1)  # ints hash the same in every process
-        words[_HEADER : _HEADER + min(len(shape), _MAX_DIMS)] = shape[:_MAX_DIMS]
+@functools.lru_cache(maxsize=256)
+def _site_words(site: str) -> tuple:
     raw = site.encode()[:_SITE_BYTES].ljust(_SITE_BYTES, b"\0")
-    words[_HEADER + _MAX_DIMS :] = [
-        int.from_bytes(raw[i : i + 8], "little", signed=True) for i in range(0, _SITE_BYTES, 8)
+    return tuple(int.from_bytes(raw[i : i + 8], "little", signed=True) for i in range(0, _SITE_BYTES, 8))
+
+
+@functools.lru_cache(maxsize=256)
+def _tensor_words(dtype: torch.dtype, shape: tuple, numel: int) -> tuple:
+    """dtype, ndim, numel, shape hash and the first dimensions (cached: a loop repeats its shapes)."""
+    code = _DTYPES.index(dtype) if dtype in _DTYPES else 100 + zlib.crc32(str(dtype).encode())
+    dims = (list(shape[:_MAX_DIMS]) + [-1] * _MAX_DIMS)[:_MAX_DIMS]
+    return (code, len(shape), numel, hash(shape) & ((1 << 62) - 1), *dims)  # ints hash alike in every process
+
+
+def _words(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int, site: str) -> list:
+    if tensor is None:
+        shape_words = (-1, -1, -1, -1, *([-1] * _MAX_DIMS))
+    else:
+        shape_words = _tensor_words(tensor.dtype, tuple(tensor.shape), tensor.numel())
+    code, ndim, numel, shape_hash, *dims = shape_words
+    return [
+        _MAGIC,
+        COLLECTIVES.index(collective),
+        sequence,
+        code,
+        ndim,
+        numel,
+        argument,
+        shape_hash,
+        *dims,
+        *_site_words(site),
     ]
-    return torch.tensor(words, dtype=torch.int64)
+
+
+def _encode(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int, site: str) -> torch.Tensor:
+    return torch.tensor(_words(collective, sequence, tensor, argument, site), dtype=torch.int64)
 
 
 class _Descriptor:
@@ -161,45 +196,10 @@ def _mismatch(descriptors: list[_Descriptor]) -> Optional[str]:
     return None
 
 
-def check_collective(
-    backend: Backend,
-    gather: Callable[[torch.Tensor], list],
-    sequence: int,
-    collective: str,
-    tensor: Optional[torch.Tensor] = None,
-    op: Optional[str] = None,
-    src: Optional[int] = None,
-) -> None:
-    """Raise CollectiveError on every rank unless all ranks are about to run the same collective.
-
-    Call on every rank right before the collective itself. Costs one allgather of
-    ``DESCRIPTOR_WORDS`` int64 values through the backend's own ``_allgather`` (on gloo, an
-    allgather of a few dozen int64 values took half the time of an allreduce of as many).
-
-    Args:
-        backend: an initialised multi-process backend (its rank and device).
-        gather: the backend's own allgather, unchecked (the check must not check itself).
-        sequence: this collective's number on this rank (1, 2, ...).
-        collective: one of COLLECTIVES.
-        tensor: the tensor about to be communicated (None for a barrier).
-        op: the allreduce op.
-        src: the broadcast source rank.
-    """
-    argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
-    mine = _encode(collective, sequence, tensor, argument, call_site())
-    if debug_enabled():
-        trace(backend.rank, str(_Descriptor(mine.tolist())))
-    if backend.device.type == "cuda":
-        mine = mine.to(backend.device)
-    gathered = torch.stack(gather(mine)).cpu()
-    compared = gathered[:, : _HEADER + _MAX_DIMS]  # everything but the call site
-    if bool((compared == compared[0]).all()):
-        return
-    descriptors = [_Descriptor(row) for row in gathered.tolist()]
-    problem = _mismatch(descriptors)
-    if problem:
-        raise CollectiveError(
-            f"{collective} on rank {backend.rank}: {problem}: {describe(descriptors)}. Every rank "
-            f"must call the same collectives in the same order, with tensors of the same shape and "
-            f"dtype and the same op / src."
-        )
+def mismatch_error(collective: str, rank: int, descriptors: list[_Descriptor]) -> CollectiveError:
+    """The error every rank raises when the descriptors disagree."""
+    problem = _mismatch(descriptors) or "the ranks' descriptors differ"
+    return CollectiveError(
+        f"{collective} on rank {rank}: {problem}: {describe(descriptors)}. Every rank must call the same "
+        f"collectives in the same order, with tensors of the same shape and dtype and the same op / src."
+    )

@@ -1,6 +1,7 @@
-"""`paraflow bench` end to end: 2 steps, 1 and 2 processes, every backend available here.
+"""`paraflow bench` end to end: 2 steps, a repeated launch per cell, ddp-gloo against the single baseline.
 
-The run's terminal tables, JSON, CSV, Markdown and plots must all be there and agree.
+The run's terminal tables, JSON, CSV, Markdown and plots must all be there, agree, and carry
+the 95% intervals over launches.
 """
 
 import csv
@@ -10,54 +11,55 @@ import sys
 import pytest
 from conftest import RANK_ENV, ROOT
 
-from paraflow.bench.report.outputs import CSV_TABLES
+from paraflow.bench.report.outputs import csv_tables
 from paraflow.bench.report.tables import (
-    ALLREDUCE_COLUMNS,
     MEMCPY_COLUMNS,
     OVERHEAD_COLUMNS,
     TRAINING_COLUMNS,
     build_tables,
-    format_value,
+    csv_columns,
+    format_cell,
+    sweep_columns,
 )
 from paraflow.tools.launch import run_launch
 
-MODELS = ["mlp:width=16", "cnn:width=4", "transformer:width=16,depth=1"]
-LABELS = ["mlp(width=16)", "cnn(width=4)", "transformer(width=16,depth=1)"]
-
-
-def backends_here() -> list:
-    import paraflow
-
-    return [n for n, why in paraflow.available_backends().items() if why is None and n != "ddp"]
+MODELS = ["mlp:width=16", "transformer:width=16,depth=1"]
+LABELS = ["mlp(width=16)", "transformer(width=16,depth=1)"]
+REPEAT = 2
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "results"
-    names = backends_here()
     cmd = [
         sys.executable,
         "-m",
         "paraflow.tools.cli",
         "bench",
         "--backends",
-        ",".join(names),
+        "ddp-gloo",
         "--nprocs",
-        "1,2",
+        "2",
         "--models",
         *MODELS,
         "--steps",
         "2",
         "--warmup",
         "1",
+        "--max-warmup",
+        "0.05",
         "--min-window",
         "0",
+        "--repeat",
+        str(REPEAT),
         "--min-bytes",
         "4K",
         "--max-bytes",
         "16K",
         "--overhead-steps",
-        "2",
+        "6",
+        "--pin",
+        "on",
         "--timeout",
         "120",
         "--out",
@@ -66,100 +68,97 @@ def run(tmp_path_factory):
     env = {**RANK_ENV, "PARAFLOW_BACKEND": None, "RANK": None, "WORLD_SIZE": None}
     result = run_launch(cmd, timeout=420, env=env, cwd=str(ROOT))
     assert not result.timed_out and result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    return {
-        "out": out,
-        "stdout": result.stdout,
-        "names": names,
-        "results": json.loads((out / "results.json").read_text()),
-    }
+    return {"out": out, "stdout": result.stdout, "results": json.loads((out / "results.json").read_text())}
 
 
-def expected_cells(names: list) -> set:
-    cells = {"memcpy", "single-python-1"}
-    for name in names:
-        if name in ("single", "dp"):
-            cells.add(f"{name}-python-1")
-            continue
-        launchers = ("mpirun", "horovodrun") if name == "horovod" else ("torchrun",)
-        cells |= {f"{name}-{launcher}-{n}" for launcher in launchers for n in (1, 2)}
-        cells.add(f"overhead-{name}-{'mpirun' if name == 'horovod' else 'torchrun'}-2")
-    return cells
+EXPECTED_CELLS = {
+    "memcpy",
+    "single-python-1-aa-r1",
+    "single-python-1-aa-r2",
+    *{f"{c}-r{r}" for c in ("single-python-1", "ddp-gloo-torchrun-2") for r in range(1, REPEAT + 1)},
+    "overhead-ddp-gloo-torchrun-2",
+}
 
 
 @pytest.mark.timeout(480)
 def test_every_cell_ran_and_every_column_is_filled(run):
-    results, names = run["results"], run["names"]
-    assert {"single", "ddp-gloo"} <= set(names)
-    assert {c["id"] for c in results["cells"]} == expected_cells(names)
+    results = run["results"]
+    assert {c["id"] for c in results["cells"]} == EXPECTED_CELLS
     assert all(c["status"] == "ok" for c in results["cells"]), [c["error"] for c in results["cells"]]
     training = results["tables"]["training"]
-    train_cells = [c for c in results["cells"] if c["kind"] == "train"]
-    assert len(training) == len(train_cells) * len(MODELS)
+    assert len(training) == 2 * len(MODELS)
     for row in training:
-        assert set(row) == set(TRAINING_COLUMNS) and row["status"] == "ok" and row["model"] in LABELS
-        optional = {"comm_overhead"} if row["backend"] in ("single", "dp") else set()
+        assert set(TRAINING_COLUMNS) <= set(row) and row["status"] == "ok" and row["model"] in LABELS
+        optional = {"comm_overhead", "speedup"} if row["backend"] == "single" else {"speedup"}
         assert all(row[k] is not None for k in TRAINING_COLUMNS if k not in optional), row
-        assert row["global_batch"] == row["batch_per_rank"] * row["processes"]
-        assert row["samples_per_s_per_process"] == pytest.approx(row["samples_per_s"] / row["processes"], abs=0.1)
-        assert row["step_ms_p10"] <= row["step_ms_median"] <= row["step_ms_p90"]
-    for label in LABELS:  # same seed, data and step: every backend trains the same way
-        for n in (1, 2):
-            losses = [r["final_loss"] for r in training if r["model"] == label and r["processes"] == n]
-            assert losses and max(losses) - min(losses) <= 1e-3 * max(1.0, abs(losses[0])), (label, n, losses)
-    singles = [r for r in training if r["backend"] == "single"]
-    assert len(singles) == len(MODELS) and all(r["weak_scaling_efficiency"] == 1.0 for r in singles)
-    # 2 allreduce sizes for each 2-process cell, each checked, none wrong, each next to memcpy
-    allreduce = results["tables"]["allreduce"]
-    assert len(allreduce) == 2 * sum(1 for c in train_cells if c["nproc"] == 2)
-    assert {r["size_bytes"] for r in allreduce} == {4096, 16384}
-    assert all(r["wrong"] == 0 and r["memcpy_gbps"] > 0 and r["busbw_gbps"] > 0 for r in allreduce)
-    assert all(f["avg_busbw_gbps"] > 0 for f in results["tables"]["allreduce_footer"])
-    overhead = results["tables"]["overhead"]
-    assert {r["backend"] for r in overhead} == {n for n in names if n in ("ddp-gloo", "horovod")}
-    assert all(r["abstraction_overhead"] is not None and r["pairs"] == 2 for r in overhead)
+        assert row["launches"] == REPEAT and row["global_batch"] == row["batch_per_rank"] * row["processes"]
+        for key in ("step_ms_median", "samples_per_s", "scaling_efficiency"):
+            assert row[f"{key}_low"] <= row[key] <= row[f"{key}_high"], (key, row)
+    for label in LABELS:  # same seed, data and step: the backends train the same way
+        losses = {r["backend"]: r["final_loss"] for r in training if r["model"] == label}
+        assert len(losses) == 2
+    assert results["header"]["noise_floor"]["spread"] is not None
+    assert "pinned to cores of its own" in results["header"]["binding"]
+    sweep = results["tables"]["sweep"]
+    assert {r["size_bytes"] for r in sweep} == {4096, 16384} and len(sweep) == 2
+    assert all(r["wrong"] == 0 and r["busbw"] > 0 and r["raw_busbw"] > 0 and r["vs_raw"] > 0 for r in sweep)
+    assert all(r["busbw_low"] <= r["busbw"] <= r["busbw_high"] for r in sweep)
+    (overhead,) = results["tables"]["overhead"]
+    assert overhead["pairs"] == 6 and overhead["within_target"] and overhead["own_python_us"] > 0
+    assert results["verdict"] == results["tables"]["verdict"] and len(results["verdict"]) >= len(MODELS)
+    assert all(v["claim"] and v["text"] for v in results["verdict"])
 
 
 @pytest.mark.timeout(480)
-def test_terminal_shows_progress_header_and_every_table(run):
+def test_terminal_shows_progress_header_tables_and_verdict(run):
     out, results = run["stdout"], run["results"]
     total = len(results["cells"])
     for i in range(1, total + 1):
         assert f"[{i:>{len(str(total))}}/{total}]" in out
     assert f"{total - 1} left" in out and "elapsed" in out
-    for header in (
-        "torch ",
-        "horovod ",
-        "MPI: ",
-        "gloo: ",
-        "NCCL: ",
-        "CPU: ",
-        "cores",
-        "threads per process",
-        "GB = 1e9 bytes",
-    ):
+    for header in ("torch ", "horovod ", "MPI: ", "CPU: ", "cores", "threads per process", "GB = 1e9 bytes"):
         assert header in out
+    assert "noise floor (A/A check:" in out and "binding: each rank pinned" in out
     for command in results["header"]["commands"]:
         assert f"$ {command}" in out
-    for columns in (TRAINING_COLUMNS, ALLREDUCE_COLUMNS, MEMCPY_COLUMNS, OVERHEAD_COLUMNS):
+    for columns in (TRAINING_COLUMNS, sweep_columns(), MEMCPY_COLUMNS, OVERHEAD_COLUMNS):
         for key, header in columns.items():
-            if key not in ("model", "backend", "launcher", "processes"):
+            if key not in (
+                "model",
+                "backend",
+                "launcher",
+                "processes",
+                "scaling",
+                "transport",
+                "device",
+                "batch_per_rank",
+                "parameters",
+                "grad_mb_per_step",
+                "speedup",
+                "collective",
+                "dtype",
+            ):
                 assert header in out, header
-    assert out.count("# Avg bus bandwidth") == len(results["tables"]["allreduce_footer"])
+    for row in results["tables"]["training"]:  # the intervals are in the terminal tables
+        assert format_cell("step_ms_median", row) in out and "±" in format_cell("step_ms_median", row)
+    assert out.count("# Avg bus bandwidth") == len(results["tables"]["sweep_footer"])
+    assert "Verdict:" in out and all(v["text"] in out for v in results["verdict"])
     for label in LABELS:
-        assert f"Training: {label}" in out
+        assert f"Training: {label}, weak scaling" in out
 
 
 @pytest.mark.timeout(480)
 def test_tables_rebuild_from_the_raw_per_rank_numbers(run):
     results, out = run["results"], run["out"]
-    assert build_tables(results["cells"], results["header"]) == results["tables"]
+    assert build_tables(results["cells"], results["header"], results["config"]) == results["tables"]
     for cell in results["cells"]:
         assert len(cell["ranks"]) == cell["nproc"] and cell["command"]
         for r in range(cell["nproc"]):
             assert json.loads((out / "raw" / cell["id"] / f"rank{r}.json").read_text()) == cell["ranks"][r]
-    ddp2 = next(c for c in results["cells"] if c["id"] == "ddp-gloo-torchrun-2")
+    ddp2 = next(c for c in results["cells"] if c["id"] == "ddp-gloo-torchrun-2-r1")
     per_rank = ddp2["ranks"][0]["tasks"]["train/mlp:width=16"]
     assert len(per_rank["step_s"]) == per_rank["steps"] == 2 and "no_sync_step_s" in per_rank
+    assert per_rank["warmup"] >= 1 and "warmup_settled" in per_rank
 
 
 def same(text: str, value) -> bool:
@@ -173,18 +172,21 @@ def same(text: str, value) -> bool:
 
 
 @pytest.mark.timeout(480)
-def test_csv_files_hold_the_json_tables_under_the_header(run):
+def test_csv_files_hold_the_json_tables_and_their_intervals_under_the_header(run):
     results, out = run["results"], run["out"]
-    for name, (key, columns) in CSV_TABLES.items():
+    for name, (key, columns) in csv_tables().items():
         lines = (out / name).read_text().splitlines()
         comments = [line for line in lines if line.startswith("#")]
         assert comments[0].startswith("# paraflow ") and any("torch " in line for line in comments)
         assert all(f"#   {c}" in comments for c in results["header"]["commands"])
         rows = list(csv.DictReader([line for line in lines if not line.startswith("#")]))
         assert len(rows) == len(results["tables"][key]) and (rows or key != "training")
+        keys = csv_columns(columns, results["tables"][key])
         for got, want in zip(rows, results["tables"][key]):
-            assert list(got) == list(columns)
-            assert all(same(got[k], want[k]) for k in columns), (name, got, want)
+            assert list(got) == keys
+            assert all(same(got[k], want.get(k)) for k in keys), (name, got, want)
+    header = (out / "training.csv").read_text().splitlines()[len(comments)]
+    assert "step_ms_median_low,step_ms_median_high" in header and "samples_per_s_low" in header
 
 
 def markdown_tables(text: str) -> dict:
@@ -222,31 +224,47 @@ def test_markdown_shows_the_same_values_and_the_plots(run):
     tables = markdown_tables(text)
     headers = {v: k for k, v in TRAINING_COLUMNS.items()}
     for label in LABELS:
-        title = next(t for t in tables if t.startswith(f"Training: {label} "))
+        title = next(t for t in tables if t.startswith(f"Training: {label}, weak scaling "))
         names, body = tables[title]
         rows = [r for r in results["tables"]["training"] if r["model"] == label]
         assert len(body) == len(rows)
         for cells, row in zip(body, rows):
-            assert cells == [format_value(headers[h], row[headers[h]]) for h in names]
-    for footer in results["tables"]["allreduce_footer"]:
-        title = f"Allreduce: {footer['backend']} under {footer['launcher']}, {footer['processes']} processes"
+            assert cells == [format_cell(headers[h], row) for h in names]
+            assert "±" in cells[names.index("step ms median")] and "[" in cells[names.index("scaling eff")]
+    for footer in results["tables"]["sweep_footer"]:
+        title = f"Allreduce float32: {footer['backend']} under {footer['launcher']}, {footer['processes']} processes"
         names, body = tables[title]
-        assert [r[names.index("busbw(GB/s)")] for r in body] == [
-            format_value("busbw_gbps", r["busbw_gbps"])
-            for r in results["tables"]["allreduce"]
-            if (r["backend"], r["launcher"], r["processes"]) == (footer["backend"], footer["launcher"], 2)
+        assert [r[names.index("paraflow busbw(GB/s)")] for r in body] == [
+            format_cell("busbw", r) for r in results["tables"]["sweep"] if r["backend"] == footer["backend"]
         ]
-        assert f"Avg bus bandwidth : {footer['avg_busbw_gbps']:g} GB/s" in text
+        assert (
+            f"Avg bus bandwidth : raw {footer['avg_raw_busbw']:g} GB/s, paraflow {footer['avg_busbw']:g} GB/s" in text
+        )
+    assert "## Verdict" in text and all(v["text"].replace("|", "\\|") in text for v in results["verdict"])
     for plot in ("throughput.png", "busbw.png"):
         assert f"![{plot}]({plot})" in text
 
 
 @pytest.mark.timeout(480)
-def test_plots_are_real_pngs(run):
+def test_plots_are_real_pngs_with_error_bars_from_the_intervals(run):
     import matplotlib.image
+    from matplotlib.container import ErrorbarContainer
+
+    from paraflow.bench.report.plots import busbw_figure, require_pyplot, throughput_figure
 
     for plot in ("throughput.png", "busbw.png"):
         path = run["out"] / plot
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         height, width = matplotlib.image.imread(str(path)).shape[:2]
         assert width >= 800 and height >= 400
+    tables, header = run["results"]["tables"], run["results"]["header"]
+    for fig, rows, key in (
+        (throughput_figure(tables["training"], header), tables["training"], "samples_per_s"),
+        (busbw_figure(tables["sweep"], tables["memcpy"], header, "GB/s"), tables["sweep"], "busbw"),
+    ):
+        bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
+        segments = [seg for c in bars for lines in c.lines[2] for seg in lines.get_segments()]
+        spans = sorted(round(float(abs(s[1][1] - s[0][1])), 6) for s in segments)  # each bar's low..high
+        want = sorted(round(r[f"{key}_high"] - r[f"{key}_low"], 6) for r in rows if r.get(f"{key}_low") is not None)
+        assert bars and all(any(abs(w - s) <= 1e-3 * max(1.0, w) for s in spans) for w in want), (spans, want)
+        require_pyplot().close(fig)

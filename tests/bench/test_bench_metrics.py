@@ -1,9 +1,10 @@
 """Benchmark formulas and option parsing against hand-computed numbers."""
 
 import pytest
+import torch
 
 from paraflow.bench.driver.config import BenchConfig, ModelSpec, message_sizes, parse_size
-from paraflow.bench.rank.allreduce import count_wrong, expected_sum, iterations_for, pattern
+from paraflow.bench.rank.sweep import count_wrong, expected, iterations_for, pattern
 from paraflow.bench.report import metrics
 from paraflow.errors import ConfigurationError
 
@@ -60,23 +61,38 @@ def test_median_confidence_interval_uses_order_statistics():
 def test_bandwidths_follow_nccl_tests():
     assert metrics.algbw(1_000_000_000, 2.0) == 5e8
     assert metrics.bus_factor(1) == 0.0 and metrics.bus_factor(2) == 1.0 and metrics.bus_factor(4) == 1.5
+    assert metrics.bus_factor(4, "allgather") == 0.75 and metrics.bus_factor(4, "reduce_scatter") == 0.75
+    assert metrics.bus_factor(8, "broadcast") == 1.0
+    with pytest.raises(ValueError):
+        metrics.bus_factor(2, "alltoall")
     assert metrics.busbw(1_000_000_000, 2.0, 4) == pytest.approx(7.5e8)
     assert metrics.busbw(4096, 0.001, 8) == pytest.approx(4096 / 0.001 * 14 / 8)
+    assert metrics.busbw(4096, 0.001, 8, "allgather") == pytest.approx(4096 / 0.001 * 7 / 8)
     assert metrics.mean([1.0, 2.0, 6.0]) == 3.0 and metrics.mean([]) is None
 
 
-def test_allreduce_check_pattern_is_exact_and_counts_wrong_elements():
-    import torch
-
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_sweep_check_patterns_are_exact_and_count_wrong_elements(dtype):
     n, count = 3, 30
-    total = sum(pattern(r, count) for r in range(n))
-    assert torch.equal(total, expected_sum(n, count))
-    assert expected_sum(n, count)[:3].tolist() == [6.0, 12.0, 18.0]  # 1+2+3 times (i % 13 + 1)
-    bad = expected_sum(n, count).clone()
+    rows = [pattern(r, count, dtype) for r in range(n)]
+    total = sum(rows)
+    assert torch.equal(total, expected("allreduce", n, 0, count, dtype))
+    assert expected("allreduce", n, 0, count, dtype)[:3].tolist() == [6.0, 12.0, 18.0]  # 1+2+3 times (i % 13 + 1)
+    assert torch.equal(expected("allgather", n, 1, count, dtype), torch.cat(rows))
+    assert torch.equal(expected("broadcast", n, 2, count, dtype), rows[0])
+    # reduce_scatter: each rank's input has count * n elements; rank r keeps chunk r of the sum
+    inputs = [pattern(r, count * n, dtype) for r in range(n)]
+    assert torch.equal(expected("reduce_scatter", n, 1, count, dtype), sum(inputs)[count : 2 * count])
+    bad = expected("allreduce", n, 0, count, dtype).clone()
     bad[[0, 5]] += 1
-    assert count_wrong(bad, expected_sum(n, count)) == 2
-    assert count_wrong(bad[:10], expected_sum(n, count)) == count  # wrong shape: all wrong
-    assert iterations_for(64 * 1024**2) == 4 and iterations_for(4096) == 20 and iterations_for(2**40) == 3
+    assert count_wrong(bad, expected("allreduce", n, 0, count, dtype)) == 2
+    assert count_wrong(bad[:10], expected("allreduce", n, 0, count, dtype)) == count  # wrong shape: all wrong
+    assert count_wrong(rows, expected("allgather", n, 0, count, dtype)) == 0  # a list is concatenated
+    assert count_wrong(rows[::-1], expected("allgather", n, 0, count, dtype)) > 0  # ranks out of order
+
+
+def test_iterations_scale_with_size():
+    assert iterations_for(64 * 1024**2) == 4 and iterations_for(4096) == 40 and iterations_for(2**40) == 4
 
 
 def test_sizes_parse_like_nccl_tests():
@@ -114,3 +130,13 @@ def test_config_refuses_bad_values_with_the_fix():
         BenchConfig(steps=0)
     with pytest.raises(ConfigurationError, match="timeout"):
         BenchConfig(timeout=0)
+    with pytest.raises(ConfigurationError, match="repeat=0"):
+        BenchConfig(repeat=0)
+    with pytest.raises(ConfigurationError, match="--collectives allreduce"):
+        BenchConfig(collectives=["alltoall"])
+    with pytest.raises(ConfigurationError, match="--dtypes float32"):
+        BenchConfig(dtypes=["int8"])
+    with pytest.raises(ConfigurationError, match="--units Gbit/s"):
+        BenchConfig(units="MB/s")
+    with pytest.raises(ConfigurationError, match="does not divide by 3"):
+        BenchConfig(scaling=["strong"], nprocs=[1, 2, 3], batch_size=32)

@@ -2,9 +2,12 @@
 
 from pathlib import Path
 
+import pytest
+
 from paraflow.bench.driver.config import BenchConfig, ModelSpec
 from paraflow.bench.driver.matrix import Cell
-from paraflow.bench.driver.runner import MPI_YIELD, cell_env, command_line, worker_args
+from paraflow.bench.driver.runner import MPI_YIELD, OMP_WAIT, cell_env, command_line, worker_args
+from paraflow.errors import ConfigurationError
 
 MLP = (ModelSpec.parse("mlp:width=16"),)
 
@@ -20,6 +23,7 @@ def test_cell_env_fixes_threads_and_drops_inherited_launcher_variables(monkeypat
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv(MPI_YIELD, raising=False)
+    monkeypatch.delenv(OMP_WAIT, raising=False)
     env = cell_env(Cell("train", "ddp-gloo", "torchrun", 2, 1, MLP), timeout=60)
     assert {k for k, v in env.items() if v is None} == {
         "RANK",
@@ -33,6 +37,19 @@ def test_cell_env_fixes_threads_and_drops_inherited_launcher_variables(monkeypat
     assert cell_env(Cell("train", "horovod", "mpirun", 2, 1, MLP), 60)[MPI_YIELD] == "1"
     monkeypatch.setenv(MPI_YIELD, "0")  # the user's own choice wins
     assert MPI_YIELD not in cell_env(Cell("train", "horovod", "mpirun", 2, 1, MLP), 60)
+    assert env[OMP_WAIT] == "PASSIVE"  # OpenMP threads sleep rather than spin at barriers
+    monkeypatch.setenv(OMP_WAIT, "ACTIVE")
+    assert OMP_WAIT not in cell_env(Cell("train", "single", "python", 1, 2, MLP), 60)
+
+
+def test_pinning_is_on_unless_the_machine_is_busy_at_the_start():
+    assert BenchConfig().resolve_pin(load=1.2, cores=2)[0] is True
+    pinned, why = BenchConfig().resolve_pin(load=7.5, cores=2)
+    assert pinned is False and "busy" in why and "7.5 on 2 cores" in why
+    assert BenchConfig(pin="on").resolve_pin(load=7.5, cores=2) == (True, "--pin on")
+    assert BenchConfig(pin="off").resolve_pin(load=0.1, cores=2) == (False, "--pin off")
+    with pytest.raises(ConfigurationError, match="--pin off"):
+        BenchConfig(pin="yes")
 
 
 def test_command_line_shows_what_the_launch_sets_and_removes():
@@ -42,15 +59,18 @@ def test_command_line_shows_what_the_launch_sets_and_removes():
 
 
 def test_worker_arguments_per_kind():
-    config = BenchConfig(models=["mlp:width=16", "cnn"], steps=3, min_window=0.5, sizes=[4096, 16384])
+    config = BenchConfig(models=["mlp:width=16", "cnn"], steps=3, min_window=0.5, sizes=[4096, 16384], pin="on")
     train = worker_args(
-        Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), allreduce=True), config, Path("/o")
+        Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), sweep=True), config, Path("/o")
     )
     assert train[train.index("--model") + 1] == "mlp:width=16" and train.count("--model") == 2
-    assert train[train.index("--allreduce-sizes") + 1] == "4096,16384"
+    assert train[train.index("--sweep-sizes") + 1] == "4096,16384"
+    assert train[train.index("--collectives") + 1] == "allreduce" and train[train.index("--dtypes") + 1] == "float32"
+    assert train[train.index("--scaling") + 1] == "weak" and "--pin" in train
     assert train[train.index("--min-window") + 1] == "0.5" and train[train.index("--steps") + 1] == "3"
     memcpy = worker_args(Cell("memcpy", None, "python", 1, 1), config, Path("/o"))
-    assert memcpy == ["--out", "/o", "--memcpy-sizes", "4096,16384", "--threads", "1"]
+    assert memcpy == ["--out", "/o", "--pin", "--memcpy-sizes", "4096,16384", "--threads", "1"]
+    assert "--pin" not in worker_args(Cell("memcpy", None, "python", 1, 1), BenchConfig(pin="off"), Path("/o"))
     overhead = worker_args(Cell("overhead", "horovod", "mpirun", 2, 1, MLP), config, Path("/o"))
     assert overhead[overhead.index("--overhead") + 1] == "mlp:width=16"
     assert overhead[overhead.index("--steps") + 1] == str(config.overhead_steps)

@@ -1,4 +1,6 @@
-"""Table builder, matrix and failure summaries against hand-made per-rank numbers."""
+"""Table builders, matrix and failure summaries against hand-made per-rank numbers."""
+
+import statistics
 
 import pytest
 
@@ -6,12 +8,13 @@ from paraflow.bench.driver.config import BenchConfig
 from paraflow.bench.driver.matrix import build_matrix
 from paraflow.bench.driver.runner import failure_reason
 from paraflow.bench.report.tables import (
-    ALLREDUCE_COLUMNS,
     OVERHEAD_COLUMNS,
     TRAINING_COLUMNS,
     build_tables,
+    csv_columns,
     format_value,
     render,
+    sweep_columns,
 )
 
 
@@ -24,7 +27,8 @@ def train_task(step_s, window_s, losses, peak, batch=32, n=1, **extra):
         "batch_per_rank": batch,
         "samples_per_step": batch,
         "replicas": n,
-        "warmup": 1,
+        "scaling": "weak",
+        "warmup": 7,
         "steps": len(step_s),
         "step_s": step_s,
         "window_s": window_s,
@@ -35,16 +39,22 @@ def train_task(step_s, window_s, losses, peak, batch=32, n=1, **extra):
     }
 
 
-def cell(kind, backend, launcher, nproc, ranks, status="ok", error=None, allreduce=False, models=("mlp",)):
+def cell(
+    kind, backend, launcher, nproc, ranks, status="ok", error=None, sweep=False, models=("mlp",), repeat=1, tag=""
+):
+    group = f"{'overhead-' if kind == 'overhead' else ''}{backend}-{launcher}-{nproc}{'-' + tag if tag else ''}"
     return {
-        "id": f"{backend}-{launcher}-{nproc}",
+        "id": f"{group}-r{repeat}" if repeat else group,
+        "group": group,
+        "repeat": repeat,
+        "tag": tag,
         "kind": kind,
         "backend": backend,
         "launcher": launcher,
         "nproc": nproc,
         "threads": 1,
         "models": list(models),
-        "allreduce": allreduce,
+        "sweep": sweep,
         "command": "cmd",
         "status": status,
         "error": error,
@@ -57,214 +67,210 @@ def rank(r, n, tasks, transport="gloo"):
     return {"rank": r, "world_size": n, "transport": transport, "device": "cpu", "torch_threads": 1, "tasks": tasks}
 
 
-SINGLE = cell(
-    "train",
-    "single",
-    "python",
-    1,
-    [rank(0, 1, {"train/mlp": train_task([0.010, 0.020, 0.030], 0.06, [3.0, 2.0, 1.0], 300e6)}, "none")],
-)
-DDP = cell(
-    "train",
-    "ddp-gloo",
-    "torchrun",
-    2,
-    [
-        rank(
-            0,
-            2,
-            {
-                "train/mlp": train_task(
-                    [0.02, 0.04, 0.03],
-                    0.12,
-                    [9.0, 1.0, 7.0],
-                    300e6,
-                    n=2,
-                    loss_step=2,
-                    sync_pair_step_s=[0.04, 0.06],
-                    no_sync_step_s=[0.01, 0.02],
-                ),
-                "allreduce": {
-                    "world_size": 2,
-                    "device": "cpu",
-                    "sizes": [
-                        {"bytes": 4096, "count": 1024, "dtype": "float32", "iters": 50, "time_s": 0.001, "wrong": 0},
-                        {"bytes": 16384, "count": 4096, "dtype": "float32", "iters": 50, "time_s": 0.004, "wrong": 1},
-                    ],
-                },
-            },
-        ),
-        rank(
-            1,
-            2,
-            {
-                "train/mlp": train_task(
-                    [0.03, 0.02, 0.05],
-                    0.15,
-                    [9.0, 2.0, 7.0],
-                    310e6,
-                    n=2,
-                    loss_step=2,
-                    sync_pair_step_s=[0.05, 0.05],
-                    no_sync_step_s=[0.02, 0.01],
-                ),
-                "allreduce": {
-                    "world_size": 2,
-                    "device": "cpu",
-                    "sizes": [
-                        {"bytes": 4096, "count": 1024, "dtype": "float32", "iters": 50, "time_s": 0.002, "wrong": 0},
-                        {"bytes": 16384, "count": 4096, "dtype": "float32", "iters": 50, "time_s": 0.002, "wrong": 2},
-                    ],
-                },
-            },
-        ),
-    ],
-    allreduce=True,
-)
+def single(repeat, steps, window, tag=""):
+    task = train_task(steps, window, [3.0, 2.0, 1.0][: len(steps)], 300e6)
+    return cell("train", "single", "python", 1, [rank(0, 1, {"train/mlp": task}, "none")], repeat=repeat, tag=tag)
+
+
+def sweep_row(collective, impl, size, rounds, wrong=0):
+    return {
+        "collective": collective,
+        "impl": impl,
+        "dtype": "float32",
+        "bytes": size,
+        "count": size // 4,
+        "iters": 8,
+        "time_s": statistics.median(rounds),
+        "round_s": rounds,
+        "wrong": wrong,
+    }
+
+
+def ddp(repeat, scale):
+    """Two ranks; rank 1 is the slower one in every step. `scale` stretches every time of the launch."""
+
+    def t(values):
+        return [v * scale for v in values]
+
+    ranks = []
+    for r, steps in ((0, [0.02, 0.04, 0.03]), (1, [0.03, 0.05, 0.04])):
+        task = train_task(
+            t(steps),
+            0.15 * scale,
+            [9.0, 1.0 + r, 7.0],
+            300e6 + r * 10e6,
+            n=2,
+            loss_step=2,
+            sync_pair_step_s=t([0.04, 0.06] if r else [0.05, 0.05]),
+            no_sync_step_s=t([0.01, 0.02]),
+        )
+        sweep = {
+            "world_size": 2,
+            "device": "cpu",
+            "rows": [
+                sweep_row("allreduce", "raw", 4096, t([0.001, 0.002] if r else [0.002, 0.001])),
+                sweep_row("allreduce", "public", 4096, t([0.0012, 0.0024]), wrong=r),
+            ],
+            "unsupported": [{"collective": "allreduce", "dtype": "bfloat16", "error": "not supported"}],
+        }
+        ranks.append(rank(r, 2, {"train/mlp": task, "sweep": sweep}))
+    return cell("train", "ddp-gloo", "torchrun", 2, ranks, sweep=True, repeat=repeat)
+
+
 MEMCPY = {
     **cell(
         "memcpy",
         None,
         "python",
         1,
-        [
-            rank(
-                0,
-                1,
-                {
-                    "memcpy": {
-                        "threads": 1,
-                        "devices": {
-                            "cpu": [
-                                {"bytes": 4096, "iters": 10, "time_s": 1e-6},
-                                {"bytes": 16384, "iters": 10, "time_s": 8e-6},
-                            ]
-                        },
-                    }
-                },
-            )
-        ],
+        [rank(0, 1, {"memcpy": {"threads": 1, "devices": {"cpu": [{"bytes": 4096, "iters": 10, "time_s": 1e-6}]}}})],
+        repeat=0,
     ),
+    "group": "memcpy",
     "id": "memcpy",
 }
-OVERHEAD = cell(
-    "overhead",
-    "ddp-gloo",
-    "torchrun",
-    1,
-    [
-        rank(
-            0,
-            1,
-            {
-                "overhead": {
-                    "rank": 0,
-                    "world_size": 1,
-                    "device": "cpu",
-                    "library": "torch DistributedDataParallel",
-                    "model": "mlp",
-                    "pairs": 3,
-                    "warmup": 1,
-                    "paraflow_step_s": [0.0101, 0.0102, 0.0103],
-                    "raw_step_s": [0.010, 0.009, 0.011],
-                }
-            },
-        )
-    ],
-)
+CELLS = [MEMCPY, single(1, [0.010, 0.020, 0.030], 0.06), ddp(1, 1.0), single(2, [0.02, 0.04, 0.06], 0.12), ddp(2, 2.0)]
 FAILED = cell(
-    "train", "horovod", "mpirun", 2, [rank(0, 2, {})], status="timed out", error="timed out after 9 s", allreduce=True
+    "train", "horovod", "mpirun", 2, [rank(0, 2, {})], status="timed out", error="timed out after 9 s", sweep=True
 )
 
 
-def test_training_rows_match_hand_computation():
-    rows = build_tables([MEMCPY, SINGLE, DDP, FAILED, OVERHEAD])["training"]
+def test_training_rows_pool_launches_as_computed_by_hand():
+    rows = build_tables(CELLS + [FAILED])["training"]
     assert [r["backend"] for r in rows] == ["single", "ddp-gloo", "horovod"]
-    single, ddp, failed = rows
-    assert set(single) == set(TRAINING_COLUMNS)
-    # single: 3 steps x 32 samples in 0.06 s
-    assert single["samples_per_s"] == 1600.0 and single["weak_scaling_efficiency"] == 1.0
-    assert (single["step_ms_median"], single["step_ms_p10"], single["step_ms_p90"]) == (20.0, 12.0, 28.0)
-    assert single["comm_overhead"] is None and single["final_loss"] == 1.0 and single["global_batch"] == 32
-    # ddp: slowest rank per step [0.03, 0.04, 0.05]; window = slowest rank's 0.15 s; 3 x 64 samples
-    assert (ddp["step_ms_median"], ddp["step_ms_p10"], ddp["step_ms_p90"]) == (40.0, 32.0, 48.0)
-    assert ddp["global_batch"] == 64 and ddp["samples_per_s"] == 1280.0 and ddp["samples_per_s_per_process"] == 640.0
-    assert ddp["weak_scaling_efficiency"] == 0.4  # 1280 / (2 x 1600)
-    assert ddp["comm_overhead"] == round(1 - 0.02 / 0.055, 4)  # medians of [0.05, 0.06] and [0.02, 0.02]
-    assert ddp["peak_mem_mb"] == 310.0 and ddp["final_loss"] == 1.5  # step 2's losses 1 and 2, not the last
-    assert ddp["parameters"] == 1000 and ddp["grad_mb_per_step"] == 0.004 and ddp["transport"] == "gloo"
-    # the failed cell still has its row, with its error and no numbers
+    one, two, failed = rows
+    assert set(TRAINING_COLUMNS) <= set(one) and one["launches"] == 2 and one["status"] == "ok"
+    # single: launch medians 20 ms and 40 ms -> 30 ms; throughput 96 / 0.06 = 1600 and 96 / 0.12 = 800 -> 1200
+    assert one["step_ms_median"] == 30.0 and one["samples_per_s"] == 1200.0
+    assert one["step_ms_median_low"] <= 20.0 and one["step_ms_median_high"] >= 40.0  # covers both launches
+    assert one["scaling_efficiency"] == 1.0 and one["comm_overhead"] is None
+    # p10 / p90 pool the six steps 10, 20, 20, 30, 40, 60 ms
+    assert (one["step_ms_p10"], one["step_ms_p90"]) == (15.0, 50.0)
+    # ddp: slowest rank per step [30, 50, 40] ms, then twice that; launch medians 40 and 80 -> 60
+    assert two["step_ms_median"] == 60.0 and two["global_batch"] == 64 and two["launches"] == 2
+    # throughput 3 x 64 / 0.15 = 1280 and / 0.30 = 640 -> 960; efficiency 960 / (2 x 1200) = 0.4
+    assert two["samples_per_s"] == 960.0 and two["samples_per_s_per_process"] == 480.0
+    assert two["scaling_efficiency"] == 0.4
+    # comm: slowest pairs sync [50, 60], no-sync [10, 20] ms: 1 - 15 / 55 in both launches (times scale alike)
+    assert two["comm_overhead"] == round(1 - 0.015 / 0.055, 4)
+    assert two["comm_overhead_low"] <= two["comm_overhead"] <= two["comm_overhead_high"]
+    assert two["final_loss"] == 1.5 and two["peak_mem_mb"] == 310.0 and two["warmup_steps"] == 7
     assert failed["status"] == "timed out: timed out after 9 s" and failed["samples_per_s"] is None
-    assert failed["processes"] == 2 and failed["launcher"] == "mpirun"
 
 
-def test_allreduce_rows_footer_and_memcpy_match_hand_computation():
-    tables = build_tables([MEMCPY, SINGLE, DDP, FAILED])
-    small, large, failed = tables["allreduce"]
-    assert set(small) == set(ALLREDUCE_COLUMNS)
-    # time = slowest rank's mean per operation; n = 2 so busbw = algbw
-    assert small["time_us"] == 2000.0 and small["algbw_gbps"] == round(4096 / 0.002 / 1e9, 4)
-    assert small["busbw_gbps"] == small["algbw_gbps"] and small["wrong"] == 0
-    assert small["memcpy_gbps"] == 4.096 and small["busbw_vs_memcpy"] == round(4096 / 0.002 / 1e9 / 4.096, 4)
-    assert large["time_us"] == 4000.0 and large["wrong"] == 3 and large["memcpy_gbps"] == 2.048
-    footer = tables["allreduce_footer"][0]
-    assert footer["sizes"] == 2 and footer["wrong"] == 3
-    assert footer["avg_busbw_gbps"] == round((4096 / 0.002 + 16384 / 0.004) / 2 / 1e9, 4)
-    assert failed["backend"] == "horovod" and failed["status"].startswith("timed out")
-    assert tables["memcpy"][0] == {"device": "cpu", "threads": 1, "size_bytes": 4096, "time_us": 1.0, "gbps": 4.096}
+def test_a_failed_launch_leaves_the_others_counted_and_says_so():
+    broken = {**ddp(3, 1.0), "status": "failed", "error": "exit status 1: boom", "ranks": []}
+    (_, two) = build_tables(CELLS + [broken])["training"]
+    assert two["launches"] == 2 and two["step_ms_median"] == 60.0
+    assert two["status"] == "ok (2 of 3 launches; launch 3: failed: exit status 1: boom)"
 
 
-def test_overhead_row_is_ratio_of_medians():
-    (row,) = build_tables([OVERHEAD])["overhead"]
-    assert set(row) == set(OVERHEAD_COLUMNS)
-    assert row["paraflow_step_ms_median"] == 10.2 and row["raw_step_ms_median"] == 10.0
-    assert row["abstraction_overhead"] == 0.02
-    assert row["paired_overhead"] == round(0.0101 / 0.010 - 1, 4)  # pair ratios 1.01, 1.1333, 0.9364
-    # 3 pairs are too few for order statistics inside the range: the interval is (min, max)
-    assert (row["paired_ci_low"], row["paired_ci_high"]) == (round(0.0103 / 0.011 - 1, 4), round(0.0102 / 0.009 - 1, 4))
-    assert row["within_target"] == "unresolved"  # the interval straddles 1%
-    busy = {"cores": 2, "load_average_1min": {"start": 5.0, "end": 1.0}}
-    quiet = {"cores": 2, "load_average_1min": {"start": 1.0, "end": 1.5}}
-    fast = {
-        **OVERHEAD,
-        "ranks": [
-            rank(
-                0,
-                1,
-                {
-                    "overhead": {
-                        **OVERHEAD["ranks"][0]["tasks"]["overhead"],
-                        "paraflow_step_s": [0.0100, 0.0090, 0.0110],
-                    }
-                },
-            )
-        ],
-    }
-    assert build_tables([fast], quiet)["overhead"][0]["within_target"] == "yes"  # ratios 1.0, 1.0, 1.0
-    assert build_tables([fast], busy)["overhead"][0]["within_target"] == "unresolved: busy machine"
+def test_strong_scaling_rows_use_the_same_global_batch():
+    strong = ddp(1, 1.0)
+    for r in strong["ranks"]:
+        r["tasks"]["train-strong/mlp"] = {**r["tasks"]["train/mlp"], "scaling": "strong", "batch_per_rank": 16}
+    rows = build_tables([single(1, [0.010, 0.020, 0.030], 0.06), strong], config={"scaling": ["weak", "strong"]})
+    strong_rows = {r["backend"]: r for r in rows["training"] if r["scaling"] == "strong"}
+    # single 20 ms, ddp 40 ms per step: speedup 0.5, efficiency 0.25 on 2 processes
+    assert strong_rows["ddp-gloo"]["speedup"] == 0.5 and strong_rows["ddp-gloo"]["scaling_efficiency"] == 0.25
+    assert strong_rows["single"]["speedup"] == 1.0
 
 
-def test_rendered_tables_carry_every_header_and_format_values():
-    tables = build_tables([MEMCPY, SINGLE, DDP, FAILED, OVERHEAD])
+def test_sweep_rows_set_paraflow_beside_raw():
+    tables = build_tables(CELLS + [FAILED])
+    row, failed = tables["sweep"]
+    assert set(row) >= set(sweep_columns()) and failed["status"].startswith("timed out")
+    # raw: per round the slower rank: [2, 2] ms (launch 1), [4, 4] ms (launch 2) -> medians 2 and 4 -> 3 ms
+    assert row["raw_time_us"] == 3000.0
+    # paraflow: [1.2, 2.4] -> 1.8 ms, then 3.6 ms -> 2.7 ms; paired per round: 0.6 and 1.2 in both launches
+    assert row["time_us"] == 2700.0 and row["vs_raw"] == 0.9
+    assert (row["vs_raw_low"], row["vs_raw_high"]) == (0.6, 1.2)
+    assert row["busbw"] == round(4096 / 0.0027 / 1e9, 4) and row["algbw"] == row["busbw"]  # n = 2: factor 1
+    assert row["wrong"] == 2 and row["memcpy"] == 4.096  # rank 1's one wrong element, in each launch
+    footer = tables["sweep_footer"][0]
+    assert footer["wrong"] == 2 and footer["vs_raw_smallest"] == 0.9 and footer["worst_vs_raw_large"] is None
+    assert tables["sweep_unsupported"][0]["dtype"] == "bfloat16"
+    gbit = build_tables(CELLS, config={"units": "Gbit/s"})["sweep"][0]
+    assert gbit["busbw"] == round(4096 * 8 / 0.0027 / 1e9, 4)
+    assert "paraflow busbw(Gbit/s)" in sweep_columns("Gbit/s").values()
+
+
+def overhead_cell(n, pf, raw, control, own=None):
+    tasks = []
+    for r in range(n):
+        task = {
+            "rank": r,
+            "world_size": n,
+            "device": "cpu",
+            "library": "torch DistributedDataParallel",
+            "model": "mlp",
+            "pairs": len(pf),
+            "warmup": 10,
+            "paraflow_step_s": pf,
+            "raw_step_s": raw,
+            "control_step_s": control,
+        }
+        if own:
+            task.update(own_python_s=[own[0]] * 3, late_wait_s=[own[1]] * 3)
+        tasks.append(rank(r, n, {"overhead": task}))
+    return cell("overhead", "ddp-gloo", "torchrun", n, tasks, repeat=0)
+
+
+def test_overhead_row_pairs_rounds_and_checks_the_control():
+    raw = [0.010] * 40
+    pf = [0.0101] * 20 + [0.0099] * 20  # paired ratios: +1% twenty times, -1% twenty times
+    (row,) = build_tables([overhead_cell(1, pf, raw, raw, own=(20e-6, 10e-6))])["overhead"]
+    assert set(row) >= set(OVERHEAD_COLUMNS)
+    assert row["paraflow_step_ms_median"] == 10.0 and row["raw_step_ms_median"] == 10.0
+    # 20 blocks of 2 rounds: ten at +1%, ten at -1% -> order statistics 6 and 15 of 20: -1% and +1%
+    assert (row["paired_overhead_low"], row["paired_overhead_high"]) == (-0.01, 0.01)
+    assert row["control_overhead"] == 0.0 == row["control_overhead_low"] == row["control_overhead_high"]
+    assert row["own_python_us"] == 20.0 and row["late_wait_us"] == 10.0
+    assert (row["direct_overhead_low"], row["direct_overhead_high"]) == (0.002, 0.003)
+    assert row["within_target"] == "yes"  # the interval reaches 1% exactly: at or below
+    slow = [0.0105] * 40  # +5% every round
+    assert build_tables([overhead_cell(2, slow, raw, raw)])["overhead"][0]["within_target"] == "no"
+
+
+def test_noise_floor_is_the_spread_of_the_a_a_pair():
+    aa = [single(1, [0.010, 0.010, 0.010], 0.03, tag="aa"), single(2, [0.011, 0.011, 0.011], 0.033, tag="aa")]
+    floor = build_tables(aa + CELLS)["noise_floor"]
+    assert floor["medians_ms"] == [10.0, 11.0] and floor["spread"] == round(1 / 10.5, 4)
+    assert len(build_tables(aa + CELLS)["training"]) == 2  # the A/A launches are not a row of their own
+
+
+def test_verdict_is_in_the_tables_with_claims():
+    verdict = build_tables(CELLS)["verdict"]
+    claims = [v["claim"] for v in verdict]
+    assert "mlp, 1 process: fastest single · python" in claims
+    assert any(c.startswith("allreduce float32, ddp-gloo · torchrun, 2 processes: paraflow within") for c in claims)
+    assert all(v["text"].startswith(v["claim"].split(":")[0]) for v in verdict)
+
+
+def test_rendered_tables_carry_every_header_and_interval():
+    tables = build_tables(CELLS + [FAILED])
     text = render(tables["training"], TRAINING_COLUMNS)
     for header in TRAINING_COLUMNS.values():
         assert header in text
-    assert "40.0%" in text and "63.6%" in text and "—" in text and "1,000" in text
+    assert "30 ±" in text and "40.0% [" in text and "—" in text and "1,000" in text
     md = render(tables["training"], TRAINING_COLUMNS, "github")
     assert md.splitlines()[1].startswith("|-") and md.count("\n") == len(tables["training"]) + 1
     assert format_value("abstraction_overhead", 0.0123) == "+1.23%" and format_value("within_target", True) == "yes"
-    assert format_value("paired_ci_low", -0.05) == "-5.00%"
     assert "a\\|b" in render([{"status": "a|b"}], {"status": "status"}, "github")
+    keys = csv_columns(TRAINING_COLUMNS, tables["training"])
+    assert keys[keys.index("step_ms_median") + 1 : keys.index("step_ms_median") + 3] == [
+        "step_ms_median_low",
+        "step_ms_median_high",
+    ]
 
 
 AVAILABLE = {"single": None, "dp": None, "ddp": None, "ddp-gloo": None, "ddp-nccl": "NCCL needs CUDA", "horovod": None}
 
 
 def test_matrix_on_a_two_core_host_without_gpu():
-    m = build_matrix(BenchConfig(nprocs=[1, 2]), available=AVAILABLE, cuda_devices=0, total_cores=2)
+    m = build_matrix(BenchConfig(nprocs=[1, 2], repeat=2), available=AVAILABLE, cuda_devices=0, total_cores=2)
     ids = [c.id for c in m.cells]
-    assert ids == [
-        "memcpy",
+    train = [
         "single-python-1",
         "ddp-gloo-torchrun-1",
         "ddp-gloo-torchrun-2",
@@ -272,51 +278,62 @@ def test_matrix_on_a_two_core_host_without_gpu():
         "horovod-mpirun-2",
         "horovod-horovodrun-1",
         "horovod-horovodrun-2",
+    ]
+    assert ids == [
+        "memcpy",
+        "single-python-1-aa-r1",
+        "single-python-1-aa-r2",
+        *[f"{t}-r1" for t in train],  # round 1 launches every cell, then round 2
+        *[f"{t}-r2" for t in train],
+        "overhead-ddp-gloo-torchrun-1",
         "overhead-ddp-gloo-torchrun-2",
+        "overhead-horovod-mpirun-1",
         "overhead-horovod-mpirun-2",
     ]
     by_id = {c.id: c for c in m.cells}
-    assert by_id["single-python-1"].threads == 2 and by_id["ddp-gloo-torchrun-2"].threads == 1
-    assert by_id["memcpy"].threads == 1  # what each rank of the allreduce cells uses
-    assert [c.allreduce for c in m.cells if c.kind == "train"] == [False, False, True, False, True, False, True]
+    assert by_id["single-python-1-r1"].threads == 2 and by_id["ddp-gloo-torchrun-2-r2"].threads == 1
+    assert by_id["single-python-1-aa-r1"].models == (BenchConfig().models[0],)
+    assert by_id["memcpy"].threads == 1  # what each rank of the sweep cells uses
+    assert [c.sweep for c in m.cells if c.kind == "train" and c.repeat == 1 and not c.tag] == [
+        False,
+        False,
+        True,
+        False,
+        True,
+        False,
+        True,
+    ]
     assert set(m.skipped) == {"dp", "ddp", "ddp-nccl"} and "NCCL needs CUDA" in m.skipped["ddp-nccl"]
 
 
 def test_matrix_on_a_gpu_host_adds_dp_and_ddp_nccl_up_to_the_gpu_count():
     available = {**AVAILABLE, "ddp-nccl": None}
     m = build_matrix(
-        BenchConfig(nprocs=[1, 2, 4], allreduce=False, overhead=False),
+        BenchConfig(nprocs=[1, 2, 4], allreduce=False, overhead=False, repeat=1, aa_check=False),
         available=available,
         cuda_devices=2,
         total_cores=16,
     )
     ids = [c.id for c in m.cells]
-    assert "dp-python-1" in ids and "ddp-nccl-torchrun-2" in ids and "ddp-nccl-torchrun-4" not in ids
-    assert "memcpy" not in ids and not any(i.startswith("overhead") for i in ids)
+    assert "dp-python-1-r1" in ids and "ddp-nccl-torchrun-2-r1" in ids and "ddp-nccl-torchrun-4-r1" not in ids
+    assert "memcpy" not in ids and not any(i.startswith("overhead") or "-aa-" in i for i in ids)
     assert {c.threads for c in m.cells if c.nproc == 4} == {4}
 
 
 def test_matrix_keeps_the_single_baseline_and_refuses_unknown_names():
+    base = dict(available=AVAILABLE, cuda_devices=0, total_cores=2)
+    m = build_matrix(BenchConfig(backends=["ddp-gloo"], nprocs=[2], overhead=False, repeat=1, aa_check=False), **base)
+    assert [c.id for c in m.cells] == ["memcpy", "single-python-1-r1", "ddp-gloo-torchrun-2-r1"]
     m = build_matrix(
-        BenchConfig(backends=["ddp-gloo"], nprocs=[2], overhead=False),
-        available=AVAILABLE,
-        cuda_devices=0,
-        total_cores=2,
+        BenchConfig(backends=["horovod"], launchers=["horovodrun"], nprocs=[2], repeat=1, aa_check=False), **base
     )
-    assert [c.id for c in m.cells] == ["memcpy", "single-python-1", "ddp-gloo-torchrun-2"]
-    m = build_matrix(
-        BenchConfig(backends=["horovod"], launchers=["horovodrun"], nprocs=[2]),
-        available=AVAILABLE,
-        cuda_devices=0,
-        total_cores=2,
-    )
-    assert [c.id for c in m.cells] == ["memcpy", "single-python-1", "horovod-horovodrun-2"]
-    m = build_matrix(BenchConfig(backends=["ddp-nccl"]), available=AVAILABLE, cuda_devices=0, total_cores=2)
-    assert "ddp-nccl" in m.skipped and [c.id for c in m.cells] == ["single-python-1"]
+    assert [c.id for c in m.cells] == ["memcpy", "single-python-1-r1", "horovod-horovodrun-2-r1"]
+    m = build_matrix(BenchConfig(backends=["ddp-nccl"], repeat=1, aa_check=False), **base)
+    assert "ddp-nccl" in m.skipped and [c.id for c in m.cells] == ["single-python-1-r1"]
     from paraflow.errors import UnknownBackendError
 
     with pytest.raises(UnknownBackendError, match="known: single"):
-        build_matrix(BenchConfig(backends=["mpi-magic"]), available=AVAILABLE, cuda_devices=0, total_cores=2)
+        build_matrix(BenchConfig(backends=["mpi-magic"]), **base)
 
 
 TORCHRUN_STDERR = """[rank0]: Traceback (most recent call last):

@@ -40,3 +40,32 @@ class RawDDP:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+    # nccl-tests' collectives straight on torch.distributed, for the benchmark's sweep
+    def allreduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum in place."""
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor)
+        return tensor
+
+    def allgather(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Every rank's `tensor`, concatenated into the preallocated `out`."""
+        import torch.distributed as dist
+
+        dist.all_gather_into_tensor(out, tensor)
+        return out
+
+    def reduce_scatter(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """This rank's chunk of the sum of every rank's `tensor`, into the preallocated `out`."""
+        import torch.distributed as dist
+
+        dist.reduce_scatter_tensor(out, tensor)
+        return out
+
+    def broadcast_(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Rank `src`'s tensor, in place."""
+        import torch.distributed as dist
+
+        dist.broadcast(tensor, src)
+        return tensor

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -33,28 +33,38 @@ _GLOO_GRACE_S = 10.0
 class HorovodCollectives:
     """allreduce, broadcast, allgather and barrier through horovod, for :class:`HorovodBackend`."""
 
-    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+    # Asynchronous forms: each submits the operation and returns the function that waits for its result.
+    def _start_allreduce(self, tensor: torch.Tensor, op: str) -> Callable[[], torch.Tensor]:
+        what = f"allreduce ({op}) of a {_describe(tensor)}"
         hvd = self._horovod()
-        with self.horovod_errors(f"allreduce ({op}) of a {_describe(tensor)}"):
-            return self._wait(
-                hvd.allreduce_async_(
-                    tensor.contiguous(), name=f"paraflow.allreduce.{op}", op=getattr(hvd, _COLLECTIVE_OPS[op])
-                )
+        with self.horovod_errors(what):
+            handle = hvd.allreduce_async_(
+                tensor.contiguous(), name=f"paraflow.allreduce.{op}", op=getattr(hvd, _COLLECTIVE_OPS[op])
             )
+        return self._finisher(handle, what)
 
-    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+    def _start_broadcast(self, tensor: torch.Tensor, src: int) -> Callable[[], torch.Tensor]:
+        what = f"broadcast from rank {src} of a {_describe(tensor)}"
         hvd = self._horovod()
-        with self.horovod_errors(f"broadcast from rank {src} of a {_describe(tensor)}"):
-            return self._wait(
-                hvd.broadcast_async_(tensor.contiguous(), root_rank=src, name=f"paraflow.broadcast.{src}")
-            )
+        with self.horovod_errors(what):
+            handle = hvd.broadcast_async_(tensor.contiguous(), root_rank=src, name=f"paraflow.broadcast.{src}")
+        return self._finisher(handle, what)
 
-    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        hvd = self._horovod()
+    def _start_allgather(self, tensor: torch.Tensor, name: str = "paraflow.allgather") -> Callable[[], list]:
         # One leading row per rank: horovod then requires every other dimension to agree.
-        with self.horovod_errors(f"allgather of a {_describe(tensor)}"):
-            gathered = self._wait(hvd.allgather_async(tensor.reshape(1, *tensor.shape), name="paraflow.allgather"))
-        return list(gathered.unbind(0))
+        what = f"allgather of a {_describe(tensor)}"
+        hvd = self._horovod()
+        with self.horovod_errors(what):
+            handle = hvd.allgather_async(tensor.reshape(1, *tensor.shape), name=name)
+        wait = self._finisher(handle, what)
+        return lambda: list(wait().unbind(0))
+
+    def _finisher(self, handle: int, what: str) -> Callable[[], Any]:
+        def finish() -> Any:
+            with self.horovod_errors(what):
+                return self._wait(handle)
+
+        return finish
 
     def _barrier(self) -> None:
         """Wait for every rank (horovod's barrier)."""

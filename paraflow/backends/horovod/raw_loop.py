@@ -3,6 +3,8 @@ benchmark's abstraction overhead is measured against (see paraflow.bench.rank.ov
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 __all__ = ["RawHorovod"]
@@ -34,3 +36,29 @@ class RawHorovod:
         import horovod.torch as hvd
 
         hvd.shutdown()
+
+    # nccl-tests' collectives straight on horovod.torch, for the benchmark's sweep; named, so
+    # horovod's response cache skips renegotiating each repeat (its fast path)
+    def allreduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum in place."""
+        import horovod.torch as hvd
+
+        return hvd.allreduce_(tensor, op=hvd.Sum, name="raw.allreduce")
+
+    def allgather(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Every rank's `tensor`, concatenated (horovod allocates the output; `out` is unused)."""
+        import horovod.torch as hvd
+
+        return hvd.allgather(tensor, name="raw.allgather")
+
+    def reduce_scatter(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """This rank's chunk of the sum of every rank's `tensor` (horovod allocates it; `out` is unused)."""
+        import horovod.torch as hvd
+
+        return hvd.reducescatter(tensor, op=hvd.Sum, name="raw.reducescatter")
+
+    def broadcast_(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Rank `src`'s tensor, in place."""
+        import horovod.torch as hvd
+
+        return hvd.broadcast_(tensor, root_rank=src, name="raw.broadcast")

@@ -38,22 +38,65 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--data", choices=("synthetic", "digits"), default="synthetic")
     p.add_argument("--batch-size", type=int, default=32, help="samples per process per step (default: 32)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default: 5)")
+    p.add_argument(
+        "--warmup", type=int, default=5, help="untimed steps first, at least; more until step times settle (default: 5)"
+    )
+    p.add_argument("--max-warmup", type=float, default=1.5, help="seconds of warm-up steps, at most (default: 1.5)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per window, at least (default: 20)")
     p.add_argument(
         "--min-window",
         type=float,
-        default=1.0,
-        help="seconds each timed window lasts, at least: short steps get more of them (default: 1)",
+        default=0.5,
+        help="seconds each timed window lasts, at least: short steps get more of them (default: 0.5)",
     )
-    p.add_argument("--min-bytes", default="4K", help="smallest allreduce message (default: 4K)")
-    p.add_argument("--max-bytes", default="64M", help="largest allreduce message (default: 64M)")
+    p.add_argument("--repeat", type=int, default=3, help="independent launches of every training cell (default: 3)")
+    p.add_argument(
+        "--noisy",
+        type=float,
+        default=0.10,
+        help="mark a figure noisy when its 95%% interval reaches further than this fraction (default: 0.10)",
+    )
+    p.add_argument("--no-aa-check", dest="aa_check", action="store_false", help="skip the A/A noise-floor launches")
+    p.add_argument(
+        "--pin",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="bind each rank to cores of its own: on, off, or auto = on unless the machine is busy at the start "
+        "(1-min load average above the core count), where pinned ranks cannot move off busy cores (default: auto)",
+    )
+    p.add_argument(
+        "--scaling", type=_list, default=["weak"], metavar="MODES", help="weak, strong or weak,strong (default: weak)"
+    )
+    p.add_argument("--min-bytes", default="4K", help="smallest sweep message (default: 4K)")
+    p.add_argument("--max-bytes", default="64M", help="largest sweep message (default: 64M)")
     p.add_argument("--step-factor", type=int, default=4, help="size multiplier between messages (default: 4)")
+    p.add_argument(
+        "--collectives",
+        type=_list,
+        default=["allreduce"],
+        metavar="NAMES",
+        help="collectives the sweep measures: allreduce, allgather, reduce_scatter, broadcast, or all "
+        "(default: allreduce)",
+    )
+    p.add_argument(
+        "--dtypes",
+        type=_list,
+        default=["float32"],
+        metavar="NAMES",
+        help="float32, float16, bfloat16 (default: float32)",
+    )
+    p.add_argument("--units", choices=("GB/s", "Gbit/s"), default="GB/s", help="bandwidth unit (default: GB/s)")
+    p.add_argument(
+        "--sweep-rounds",
+        type=int,
+        default=4,
+        help="alternating raw / paraflow blocks per sweep size: more resolve paraflow/raw finer (default: 4)",
+    )
     p.add_argument(
         "--overhead-steps",
         type=int,
-        default=40,
-        help="paraflow/raw step pairs for the abstraction overhead (default: 40)",
+        default=240,
+        help="paraflow/raw/control step rounds for the abstraction overhead (default: 240)",
     )
     p.add_argument("--overhead-model", default=None, help="model for the abstraction overhead (default: first)")
     p.add_argument(
@@ -70,7 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--no-allreduce",
         dest="allreduce",
         action="store_false",
-        help="skip the allreduce microbenchmark and memory-copy bandwidth",
+        help="skip the collective sweep and memory-copy bandwidth",
     )
     p.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the abstraction overhead")
     p.add_argument("--seed", type=int, default=0)
@@ -82,13 +125,20 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="run on an emulated cluster of HOSTS network namespaces, one rank per host (root)",
     )
     p.add_argument("--bandwidth", default=None, help="rate of each emulated host link, e.g. 1gbit (with --cluster)")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("RUN_A", "RUN_B"),
+        help="run nothing: print two results folders' medians side by side with their intervals "
+        "and whether their verdicts match",
+    )
     return p
 
 
 def config_from_args(args: argparse.Namespace):
     """A BenchConfig from parsed arguments."""
     from ...errors import ConfigurationError
-    from .config import BenchConfig, message_sizes, parse_size
+    from .config import COLLECTIVES, BenchConfig, message_sizes, parse_size
 
     try:
         nprocs = [int(n) for n in args.nprocs]
@@ -103,6 +153,16 @@ def config_from_args(args: argparse.Namespace):
         warmup=args.warmup,
         steps=args.steps,
         min_window=args.min_window,
+        max_warmup=args.max_warmup,
+        repeat=args.repeat,
+        noisy=args.noisy,
+        aa_check=args.aa_check,
+        pin=args.pin,
+        scaling=args.scaling,
+        collectives=list(COLLECTIVES) if args.collectives == ["all"] else args.collectives,
+        dtypes=args.dtypes,
+        units=args.units,
+        sweep_rounds=args.sweep_rounds,
         sizes=message_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor),
         overhead_steps=args.overhead_steps,
         overhead_model=args.overhead_model,
@@ -119,7 +179,11 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run the benchmark; exit status 0 when every launch succeeded."""
+    """Run the benchmark (exit status 0 when every launch succeeded), or compare two runs."""
+    if args.compare:
+        from ..report.compare import compare_main
+
+        return compare_main(*args.compare)
     from .run import exit_status, run_bench
 
     return exit_status(run_bench(config_from_args(args)))

@@ -8,11 +8,24 @@ from typing import Optional
 
 from ...errors import ConfigurationError
 
-__all__ = ["ModelSpec", "BenchConfig", "parse_size", "message_sizes", "DEFAULT_MODELS"]
+__all__ = [
+    "ModelSpec",
+    "BenchConfig",
+    "parse_size",
+    "message_sizes",
+    "DEFAULT_MODELS",
+    "COLLECTIVES",
+    "DTYPES",
+    "UNITS",
+]
 
 #: Defaults that cover both regimes: a wide MLP sends one large gradient message (4.5 MB) per
 #: step; the CNN (0.08 MB) and the transformer (0.4 MB over ~30 tensors) send small ones.
 DEFAULT_MODELS = ("mlp:width=1024", "cnn", "transformer")
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
+DTYPES = ("float32", "float16", "bfloat16")
+UNITS = ("GB/s", "Gbit/s")
+SCALINGS = ("weak", "strong")
 
 _UNITS = {
     "": 1,
@@ -106,18 +119,31 @@ class BenchConfig:
         models: model specs, see ModelSpec.
         data: "synthetic" (default) or "digits".
         batch_size: samples per process per step (weak scaling: fixed per rank).
-        warmup: untimed steps before each timed window.
+        warmup: untimed steps before each timed window, at least; warm-up goes on until step
+            times settle, for at most max_warmup seconds of steps.
+        max_warmup: seconds of warm-up steps, at most.
         steps: timed steps in the throughput window, at least.
         min_window: seconds the throughput window lasts, at least (more steps when they are
             short); the communication-overhead phase then runs half as many sync/no-sync pairs.
-        sizes: allreduce and memory-copy message sizes in bytes.
-        overhead_steps: paraflow/raw step pairs for the abstraction overhead.
+        repeat: independent launches of every training cell (intervals come from their spread).
+        noisy: relative half-width of a 95% interval above which a figure is marked noisy.
+        aa_check: launch the first training cell twice more at the start (A/A): the machine's noise floor.
+        pin: bind each rank's threads to cores of its own: "on", "off", or "auto" (on unless the
+            1-min load average at the start exceeds the core count; :meth:`resolve_pin`).
+        scaling: "weak" (fixed batch per process), "strong" (fixed global batch) or both.
+        sizes: collective sweep and memory-copy message sizes in bytes.
+        collectives: collectives the sweep measures.
+        dtypes: element types the sweep measures.
+        units: bandwidth unit of the sweep tables and plots, "GB/s" or "Gbit/s".
+        sweep_rounds: alternating raw / paraflow blocks per sweep size (each block about a quarter
+            of the bytes a size moves).
+        overhead_steps: paraflow/raw/control step rounds for the abstraction overhead.
         overhead_model: model for the abstraction overhead (default: the first of models).
         launchers: restrict to these launchers (None: each backend's own).
         timeout: seconds each launch may take before its whole process group is killed.
         out: results folder.
         plots: write PNG plots (needs matplotlib).
-        allreduce: run the allreduce microbenchmark and memory-copy bandwidth.
+        allreduce: run the collective sweep and memory-copy bandwidth.
         overhead: run the abstraction-overhead comparison.
         seed: model initialisation and data seed.
         cluster: run on an emulated cluster of this many hosts, one rank per host (0: no cluster);
@@ -132,10 +158,20 @@ class BenchConfig:
     data: str = "synthetic"
     batch_size: int = 32
     warmup: int = 5
+    max_warmup: float = 1.5
     steps: int = 20
-    min_window: float = 1.0
+    min_window: float = 0.5
+    repeat: int = 3
+    noisy: float = 0.10
+    aa_check: bool = True
+    pin: str = "auto"
+    scaling: list = field(default_factory=lambda: ["weak"])
     sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024**2, 4))
-    overhead_steps: int = 40
+    collectives: list = field(default_factory=lambda: ["allreduce"])
+    dtypes: list = field(default_factory=lambda: ["float32"])
+    units: str = "GB/s"
+    sweep_rounds: int = 4
+    overhead_steps: int = 240
     overhead_model: Optional[ModelSpec] = None
     launchers: Optional[list] = None
     timeout: float = 150.0
@@ -157,6 +193,8 @@ class BenchConfig:
             ("steps", self.steps, 1),
             ("warmup", self.warmup, 0),
             ("overhead_steps", self.overhead_steps, 1),
+            ("repeat", self.repeat, 1),
+            ("sweep_rounds", self.sweep_rounds, 1),
         ):
             if int(value) < low:
                 raise ConfigurationError(f"{name}={value}: must be at least {low}.")
@@ -168,6 +206,29 @@ class BenchConfig:
             raise ConfigurationError(f"min_window={self.min_window}: must be zero or more seconds.")
         if self.timeout <= 0:
             raise ConfigurationError(f"timeout={self.timeout}: must be positive seconds.")
+        for name, values, known in (
+            ("scaling", self.scaling, SCALINGS),
+            ("collectives", self.collectives, COLLECTIVES),
+            ("dtypes", self.dtypes, DTYPES),
+        ):
+            wrong = [v for v in values if v not in known] or ([] if values else ["(none)"])
+            if wrong:
+                raise ConfigurationError(
+                    f"{name} {', '.join(wrong)}: choose from {', '.join(known)} (e.g. --{name} {known[0]})."
+                )
+        if self.pin not in ("auto", "on", "off"):
+            raise ConfigurationError(f"pin={self.pin!r}: choose auto, on or off (--pin off).")
+        if self.units not in UNITS:
+            raise ConfigurationError(f"units {self.units!r}: choose GB/s or Gbit/s (--units Gbit/s).")
+        if not 0 < self.noisy < 1:
+            raise ConfigurationError(f"noisy={self.noisy}: give a fraction between 0 and 1, e.g. --noisy 0.1.")
+        if "strong" in self.scaling:
+            uneven = [n for n in self.nprocs if int(n) > 0 and self.batch_size % int(n)]
+            if uneven:
+                raise ConfigurationError(
+                    f"strong scaling splits --batch-size {self.batch_size} over the processes, but it does not "
+                    f"divide by {', '.join(map(str, uneven))}; pick a batch size that does (e.g. --batch-size 64)."
+                )
         if self.bandwidth and not self.cluster:
             raise ConfigurationError(f"--bandwidth {self.bandwidth} shapes cluster links: add --cluster 2.")
         if self.cluster:
@@ -180,6 +241,17 @@ class BenchConfig:
             self.overhead_model = self.models[0]
         elif not isinstance(self.overhead_model, ModelSpec):
             self.overhead_model = ModelSpec.parse(self.overhead_model)
+
+    def resolve_pin(self, load: float, cores: int) -> tuple[bool, str]:
+        """(pin?, why) for this run, given the 1-min load average and the core count at the start."""
+        if self.pin != "auto":
+            return self.pin == "on", f"--pin {self.pin}"
+        if load > cores:
+            return False, (
+                f"--pin auto: not pinned, the machine was busy at the start (load average {load:g} on {cores} "
+                "cores) and a pinned rank cannot move off a busy core"
+            )
+        return True, f"--pin auto: pinned, load average {load:g} on {cores} cores at the start"
 
     def to_dict(self) -> dict:
         """JSON-ready copy, models written as specs."""

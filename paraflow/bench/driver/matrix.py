@@ -1,14 +1,19 @@
-"""Which launches a benchmark run makes: backends x launchers x process counts, plus extras.
+"""Which launches a benchmark run makes: backends x launchers x process counts, repeated, plus extras.
 
 One launch (a cell) runs one backend under one launcher with one process count, and times
-every model in turn (then, with two or more processes, the allreduce sweep). Separate cells
-measure memory-copy bandwidth and the abstraction overhead against hand-written loops.
+every model in turn (then, with two or more processes, the collective sweep). Every training
+cell is launched `repeat` times, round after round (round r launches every cell once), so a
+slow minute of the machine touches every cell alike rather than all launches of one. Before
+the rounds, an A/A pair launches the first cell twice on the first model: how far two launches
+of the same thing disagree is this machine's noise floor. Separate cells measure memory-copy
+bandwidth and the abstraction overhead against hand-written loops, at one process and at the
+largest process count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from ...core.placement import cores
@@ -24,7 +29,7 @@ BASELINE = "single"
 
 @dataclass(frozen=True)
 class Cell:
-    """One launch: `kind` is "train" (a backend's models, maybe the allreduce sweep), "memcpy"
+    """One launch: `kind` is "train" (a backend's models, maybe the collective sweep), "memcpy"
     (this machine's memory-copy bandwidth) or "overhead" (paraflow against a raw loop)."""
 
     kind: str
@@ -33,17 +38,23 @@ class Cell:
     nproc: int
     threads: int
     models: tuple = ()
-    allreduce: bool = False
-    tag: str = ""  # tells apart two cells that would otherwise share an id
+    sweep: bool = False
+    tag: str = ""  # tells apart two cells that would otherwise share an id ("aa": the A/A pair)
+    repeat: int = 0  # which launch of the same cell (1, 2, ...); 0 for cells launched once
 
     @property
-    def id(self) -> str:
-        """A short unique name, also the folder of its raw per-rank JSON."""
+    def group(self) -> str:
+        """The cell's name without its repeat number: launches of one group are pooled."""
         suffix = f"-{self.tag}" if self.tag else ""
         if self.kind == "memcpy":
             return "memcpy" + suffix
         prefix = "overhead-" if self.kind == "overhead" else ""
         return f"{prefix}{self.backend}-{self.launcher}-{self.nproc}{suffix}"
+
+    @property
+    def id(self) -> str:
+        """A short unique name, also the folder of its raw per-rank JSON."""
+        return self.group + (f"-r{self.repeat}" if self.repeat else "")
 
     @property
     def label(self) -> str:
@@ -56,8 +67,10 @@ class Cell:
                 f"abstraction overhead: {self.backend} via paraflow vs raw, {self.launcher}, {procs}, "
                 f"{self.models[0].label}"
             )
-        what = ", ".join(m.label for m in self.models) + (" + allreduce" if self.allreduce else "")
-        return f"{self.backend} · {self.launcher} · {procs} · {what}"
+        what = ", ".join(m.label for m in self.models) + (" + collective sweep" if self.sweep else "")
+        launch = f" · launch {self.repeat}" if self.repeat else ""
+        aa = "A/A check: " if self.tag == "aa" else ""
+        return f"{aa}{self.backend} · {self.launcher} · {procs} · {what}{launch}"
 
 
 @dataclass
@@ -151,26 +164,28 @@ def build_matrix(
         for launcher in launchers:
             for n in counts:
                 threads = _threads(n, total_cores)
-                train_cells.append(
-                    Cell("train", name, launcher, n, threads, models, allreduce=config.allreduce and n >= 2)
-                )
+                train_cells.append(Cell("train", name, launcher, n, threads, models, sweep=config.allreduce and n >= 2))
 
-    if config.allreduce and any(c.allreduce for c in train_cells):
+    if config.allreduce and any(c.sweep for c in train_cells):
         widest = max(multi_nprocs) if multi_nprocs else 1
         matrix.cells.append(Cell("memcpy", None, "python", 1, _threads(widest, total_cores)))
-    matrix.cells.extend(train_cells)
+    if config.aa_check and train_cells:
+        first = train_cells[0]
+        for r in (1, 2):
+            matrix.cells.append(replace(first, models=models[:1], sweep=False, tag="aa", repeat=r))
+    for r in range(1, config.repeat + 1):
+        matrix.cells.extend(replace(cell, repeat=r) for cell in train_cells)
 
     if config.overhead:
-        n = max(config.nprocs)
         for name in names:
             cls, presets = _backend_class(name), spec(name).presets
             launcher = cls.LAUNCHERS[0]
-            if cls.raw_loop(**presets) is not None and (not config.launchers or launcher in config.launchers):
-                limit = cls.process_limit(cuda_devices, **presets)
-                n_here = n if limit is None else min(n, limit)
-                if not n_here:
-                    continue
-                matrix.cells.append(
-                    Cell("overhead", name, launcher, n_here, _threads(n_here, total_cores), (config.overhead_model,))
-                )
+            if cls.raw_loop(**presets) is None or (config.launchers and launcher not in config.launchers):
+                continue
+            limit = cls.process_limit(cuda_devices, **presets)
+            for n in sorted({min(config.nprocs), max(config.nprocs)}):
+                if cls.MULTI_PROCESS and (limit is None or n <= limit):
+                    matrix.cells.append(
+                        Cell("overhead", name, launcher, n, _threads(n, total_cores), (config.overhead_model,))
+                    )
     return matrix

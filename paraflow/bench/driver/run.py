@@ -6,10 +6,12 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from ..report.header import cluster_line, collect_header, header_lines
+from ...core.placement import cores
+from ..report.header import binding_summary, cluster_line, collect_header, header_lines
 from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, terminal_report, write_csvs, write_json
 from ..report.tables import build_tables
 from .config import BenchConfig
@@ -20,11 +22,13 @@ from .runner import run_cells, worker_entry
 __all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
 
 OUTPUT_FILES = ("results.json", "results.md", *CSV_TABLES, "throughput.png", "busbw.png")
+#: Files an earlier version of the benchmark wrote; removed so they cannot pass for this run's.
+STALE_FILES = ("allreduce.csv", "allreduce_summary.csv")
 
 
 def _prepare(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    for name in OUTPUT_FILES:  # no stale file from an earlier run may pass for this one's
+    for name in OUTPUT_FILES + STALE_FILES:  # no stale file from an earlier run may pass for this one's
         (out / name).unlink(missing_ok=True)
     raw = out / "raw"
     shutil.rmtree(raw, ignore_errors=True)  # cells of an earlier run would pass for this one's
@@ -47,6 +51,8 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         from ..report.plots import require_pyplot
 
         require_pyplot()
+    pinned, why_pin = config.resolve_pin(os.getloadavg()[0], cores())
+    config = replace(config, pin="on" if pinned else "off")
     matrix = matrix or build_matrix(config)
     out = Path(config.out)
     raw = _prepare(out)
@@ -74,12 +80,16 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     header["commands"] = [c["command"] for c in cells]
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     header["wall_time_s"] = round(time.monotonic() - start, 1)
+    header["binding"] = f"{binding_summary(cells, pinned)} ({why_pin})"
+    tables = build_tables(cells, header, config.to_dict())
+    header["noise_floor"] = tables["noise_floor"]
     results = {
         "header": header,
         "config": config.to_dict(),
         "skipped": dict(matrix.skipped),
         "cells": cells,
-        "tables": build_tables(cells, header),
+        "tables": tables,
+        "verdict": tables["verdict"],
     }
 
     plots = []

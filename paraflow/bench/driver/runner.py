@@ -22,6 +22,7 @@ __all__ = ["CellResult", "run_cells", "worker_entry", "worker_args", "cell_env",
 WORKER_MODULE = "paraflow.bench.rank.worker"
 _TAIL = 4000
 MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
+OMP_WAIT = "OMP_WAIT_POLICY"
 
 
 @dataclass
@@ -47,13 +48,16 @@ class CellResult:
         c = self.cell
         return {
             "id": c.id,
+            "group": c.group,
+            "repeat": c.repeat,
+            "tag": c.tag,
             "kind": c.kind,
             "backend": c.backend,
             "launcher": c.launcher,
             "nproc": c.nproc,
             "threads": c.threads,
             "models": [str(m) for m in c.models],
-            "allreduce": c.allreduce,
+            "sweep": c.sweep,
             "command": command_line(self.command, self.env),
             "status": self.status,
             "error": self.error,
@@ -78,7 +82,7 @@ def command_line(command: list, env: dict) -> str:
 
 def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     """The worker's arguments for `cell` (everything after the module name)."""
-    args = ["--out", str(out_dir)]
+    args = ["--out", str(out_dir)] + (["--pin"] if config.pin == "on" else [])
     if cell.kind == "memcpy":
         return args + ["--memcpy-sizes", ",".join(map(str, config.sizes)), "--threads", str(cell.threads)]
     args += [
@@ -96,10 +100,13 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     if cell.kind == "overhead":
         return args + ["--steps", str(config.overhead_steps), "--overhead", str(cell.models[0])]
     args += ["--steps", str(config.steps), "--min-window", str(config.min_window)]
+    args += ["--max-warmup", str(config.max_warmup), "--scaling", ",".join(config.scaling)]
     for spec in cell.models:
         args += ["--model", str(spec)]
-    if cell.allreduce:
-        args += ["--allreduce-sizes", ",".join(map(str, config.sizes))]
+    if cell.sweep:
+        args += ["--sweep-sizes", ",".join(map(str, config.sizes))]
+        args += ["--collectives", ",".join(config.collectives), "--dtypes", ",".join(config.dtypes)]
+        args += ["--rounds", str(config.sweep_rounds)]
     return args
 
 
@@ -125,6 +132,11 @@ def cell_env(cell: Cell, timeout: float) -> dict:
             "PARAFLOW_TIMEOUT": str(int(max(timeout, 1))),
         }
     )
+    if OMP_WAIT not in os.environ:
+        # OpenMP threads otherwise spin at every barrier before sleeping: when other processes share
+        # the cores, a 2-thread process measured 2-5 times slower and erratic (16.5 ms against
+        # 37-87 ms per MLP step here at load average 9); sleeping threads keep it steady.
+        env[OMP_WAIT] = "PASSIVE"
     if cell.launcher == "mpirun" and MPI_YIELD not in os.environ:
         # The cell fills every core, and each horovod rank adds a background thread: Open MPI's
         # default busy-polling would starve the other threads (it yields by itself only when it

@@ -11,10 +11,12 @@ import time
 
 import torch
 
-from .allreduce import DTYPE, iterations_for
+from .sweep import iterations_for
 from .train_loop import device_sync
 
 __all__ = ["run_memcpy"]
+
+DTYPE = torch.float32
 
 
 def _sweep(sizes: list[int], device: torch.device, warmup: int = 2) -> list[dict]:

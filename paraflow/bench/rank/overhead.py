@@ -1,71 +1,94 @@
 """Abstraction overhead, per rank: the same step through paraflow and by hand, interleaved.
 
 The raw library is set up first (init_process_group or hvd.init), then paraflow joins the job
-it started. Two identical models (same seed) are trained alternately with the same step
-function, one built by paraflow (wrap_model, wrap_optimizer), one by hand (the backend's ``raw_loop``), the
-order flipping every pair so neither side always runs first. Each step is timed after a device sync.
+it started. Three identical models (same seed) are trained in turn with the same step function:
+one built by paraflow (wrap_model, wrap_optimizer) and two by hand (the backend's ``raw_loop``);
+the second hand-built one is an A/A control, a measurement that must find no difference. Each
+round runs one step of each side, in an order that cycles through all six, and every step is
+timed after a device sync. The rounds give paired ratios (paraflow / raw, control / raw).
+
+Then a few more paraflow steps run under a profiler that measures, directly, the time spent in
+paraflow's own Python per step (ownprofile.py), and how late each bounded wait noticed that the
+library had finished.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
 
 from ...examples.models import build_model
 from ..driver.config import ModelSpec
+from .ownprofile import profile_own_code
 from .train_loop import LEARNING_RATE, device_sync, make_batches, make_step
 
-__all__ = ["run_overhead"]
+__all__ = ["run_overhead", "SIDES", "ORDERS"]
+
+SIDES = ("paraflow", "raw", "control")
+ORDERS = list(itertools.permutations(SIDES))  # each side first, second and last equally often
+
+
+def _model(spec: ModelSpec, in_shape, classes: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(spec.name, in_shape, classes, **spec.kwargs)
 
 
 def run_overhead(
-    backend_name: str, spec: ModelSpec, data: str, batch_size: int, warmup: int, pairs: int, seed: int
+    backend_name: str,
+    spec: ModelSpec,
+    data: str,
+    batch_size: int,
+    warmup: int,
+    pairs: int,
+    seed: int,
+    profile_steps: int = 20,
 ) -> dict:
-    """Time `pairs` paraflow/raw step pairs of `spec`; returns (rank, this rank's numbers)."""
+    """Time `pairs` rounds of paraflow / raw / control steps of `spec`; returns this rank's numbers."""
     import paraflow
 
     from ...core.registry import spec as registered
 
     registration = registered(backend_name)
     raw = registration.load().raw_loop(**registration.presets)
+    control = registration.load().raw_loop(**registration.presets)
     if raw is None:
         raise paraflow.ConfigurationError(f"backend {backend_name!r} has no hand-written loop to compare with.")
     raw.init()
     backend = paraflow.init(backend_name)
     try:
         device = backend.device
-        batches_pf, in_shape, classes = make_batches(backend, data, batch_size, seed)
-        batches_raw, _, _ = make_batches(backend, data, batch_size, seed)
-
-        torch.manual_seed(seed)
-        module_pf = build_model(spec.name, in_shape, classes, **spec.kwargs)
-        torch.manual_seed(seed)
-        module_raw = build_model(spec.name, in_shape, classes, **spec.kwargs)
-
-        model_pf = backend.wrap_model(module_pf)
+        batches = {side: make_batches(backend, data, batch_size, seed) for side in SIDES}
+        _, in_shape, classes = batches["raw"]
+        model_pf = backend.wrap_model(_model(spec, in_shape, classes, seed))
         opt_pf = backend.wrap_optimizer(
             torch.optim.SGD(model_pf.parameters(), lr=LEARNING_RATE, momentum=0.9), model_pf
         )
-        model_raw, opt_raw = raw.wrap(module_raw, device, LEARNING_RATE)
+        model_raw, opt_raw = raw.wrap(_model(spec, in_shape, classes, seed), device, LEARNING_RATE)
+        model_aa, opt_aa = control.wrap(_model(spec, in_shape, classes, seed), device, LEARNING_RATE)
         steps = {
-            "paraflow": (make_step(model_pf, opt_pf, device), batches_pf),
-            "raw": (make_step(model_raw, opt_raw, device), batches_raw),
+            "paraflow": make_step(model_pf, opt_pf, device),
+            "raw": make_step(model_raw, opt_raw, device),
+            "control": make_step(model_aa, opt_aa, device),
         }
 
-        for _ in range(warmup):
-            for step, batches in steps.values():
-                step(*next(batches))
-        device_sync(device)
+        def run(side: str) -> float:
+            t0 = time.perf_counter()
+            steps[side](*next(batches[side][0]))
+            device_sync(device)
+            return time.perf_counter() - t0
+
+        for _ in range(max(warmup, 10)):
+            for side in SIDES:
+                run(side)
         backend.barrier()
-        times = {"paraflow": [], "raw": []}
+        times = {side: [] for side in SIDES}
         for i in range(pairs):
-            for side in ("paraflow", "raw") if i % 2 == 0 else ("raw", "paraflow"):
-                step, batches = steps[side]
-                t0 = time.perf_counter()
-                step(*next(batches))
-                device_sync(device)
-                times[side].append(time.perf_counter() - t0)
+            for side in ORDERS[i % len(ORDERS)]:
+                times[side].append(run(side))
+        backend.barrier()
+        own = profile_own_code(lambda: run("paraflow"), profile_steps)
         backend.barrier()
         result = {
             "rank": backend.rank,
@@ -75,9 +98,11 @@ def run_overhead(
             "model": spec.label,
             "model_spec": str(spec),
             "pairs": pairs,
-            "warmup": warmup,
+            "warmup": max(warmup, 10),
             "paraflow_step_s": times["paraflow"],
             "raw_step_s": times["raw"],
+            "control_step_s": times["control"],
+            **own,
             "paraflow_wrapper": f"{type(model_pf).__name__} / {type(opt_pf).__name__}",
             "raw_wrapper": f"{type(model_raw).__name__} / {type(opt_raw).__name__}",
         }

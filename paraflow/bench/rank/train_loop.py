@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Callable, ContextManager
@@ -22,6 +23,7 @@ from ...examples.data import load_dataset
 from ...examples.models import build_model, count_parameters
 from ..driver.config import ModelSpec
 from .model_state import model_state_bytes
+from .warmup import WINDOW, warm_up
 
 __all__ = [
     "run_training",
@@ -133,28 +135,45 @@ def replicas(backend) -> int:
     return backend.replicas
 
 
-def timed_steps(backend, warm_step_s: list, min_steps: int, min_window_s: float) -> int:
+def timed_steps(warm_step_s: list, min_steps: int, min_window_s: float) -> int:
     """Steps for the timed window: at least `min_steps`, and enough to last about `min_window_s`.
 
-    Estimated from the slowest rank's median warm-up step, so every rank runs the same count.
+    Estimated from the median of the last warm-up steps (the slowest rank's, the same on every
+    rank), so every rank runs the same count.
     """
     if min_window_s <= 0 or not warm_step_s:
         return min_steps
-    estimate = torch.tensor([sorted(warm_step_s)[len(warm_step_s) // 2]], dtype=torch.float64)
-    slowest = float(backend.allreduce(estimate, op="max").item())
-    return int(max(min_steps, min(MAX_STEPS, math.ceil(min_window_s / max(slowest, 1e-6)))))
+    typical = statistics.median(warm_step_s[-WINDOW:])
+    return int(max(min_steps, min(MAX_STEPS, math.ceil(min_window_s / max(typical, 1e-6)))))
 
 
 def run_training(
-    backend, spec: ModelSpec, data: str, batch_size: int, warmup: int, steps: int, seed: int, min_window_s: float = 0.0
+    backend,
+    spec: ModelSpec,
+    data: str,
+    batch_size: int,
+    warmup: int,
+    steps: int,
+    seed: int,
+    min_window_s: float = 0.0,
+    scaling: str = "weak",
+    max_warmup_s: float = 2.0,
 ) -> dict:
-    """Time the steps of `spec` under `backend` after `warmup` untimed ones; this rank's numbers.
+    """Time the steps of `spec` under `backend` after a warm-up of at least `warmup` steps; this rank's numbers.
 
-    The timed window has at least `steps` steps and lasts at least about `min_window_s`; then,
-    for multi-process backends, half as many pairs of steps with and without gradient sync.
+    `scaling` "weak" gives every rank `batch_size` samples per step; "strong" splits a global
+    batch of `batch_size` over the ranks. Warm-up runs until step times settle (warmup.py). The
+    timed window has at least `steps` steps and lasts at least about `min_window_s`; then, for
+    multi-process backends, half as many pairs of steps with and without gradient sync.
     """
     device = backend.device
-    step_batch = batch_size * (replicas(backend) if backend.world_size == 1 else 1)
+    if scaling == "strong":
+        if batch_size % backend.world_size:
+            raise ValueError(f"strong scaling splits --batch-size {batch_size} over {backend.world_size} ranks")
+        per_rank = batch_size // backend.world_size
+    else:
+        per_rank = batch_size
+    step_batch = per_rank * (replicas(backend) if backend.world_size == 1 else 1)
     batches, in_shape, classes = make_batches(backend, data, step_batch, seed)
     memory_kind = reset_peak_memory(device)
     torch.manual_seed(seed)
@@ -165,14 +184,13 @@ def run_training(
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
     step = make_step(model, optimizer, device)
 
-    warm_s = []
-    for _ in range(warmup):
-        t0 = time.perf_counter()
+    def one_step() -> None:
         step(*next(batches))
         device_sync(device)
-        warm_s.append(time.perf_counter() - t0)
+
+    warm = warm_up(backend, one_step, max(1, warmup), max_warmup_s)
     min_steps = steps
-    steps = timed_steps(backend, warm_s[len(warm_s) // 2 :], min_steps, min_window_s)
+    steps = timed_steps(warm["warmup_s"], min_steps, min_window_s)
     backend.barrier()
 
     step_s, losses = [], []
@@ -189,10 +207,13 @@ def run_training(
         "model_spec": str(spec),
         "parameters": parameters,
         "grad_bytes": grad_bytes,
-        "batch_per_rank": batch_size,
+        "batch_per_rank": per_rank,
         "samples_per_step": step_batch,
         "replicas": replicas(backend),
-        "warmup": warmup,
+        "scaling": scaling,
+        "warmup": len(warm["warmup_s"]),
+        "warmup_settled": warm["warmup_settled"],
+        "warmup_s": warm["warmup_s"],
         "steps": steps,
         "min_window_s": min_window_s,
         "step_s": step_s,

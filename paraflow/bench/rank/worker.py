@@ -1,7 +1,7 @@
 """What each rank of a benchmark launch runs; writes its raw numbers to OUT/rank<R>.json.
 
     <launcher> python -m paraflow.bench.rank.worker --out DIR --backend NAME --model mlp --model cnn \
-        [--allreduce-sizes 4096,65536] ...
+        [--sweep-sizes 4096,65536 --collectives allreduce,allgather --dtypes float32] [--scaling weak,strong] ...
     python -m paraflow.bench.rank.worker --out DIR --memcpy-sizes 4096,65536 --threads 1
     torchrun --nproc_per_node 2 -m paraflow.bench.rank.worker --out DIR --backend ddp-gloo --overhead mlp
 
@@ -19,7 +19,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["main", "transport_of"]
+__all__ = ["main", "transport_of", "TASKS"]
+
+#: Task name prefix per scaling mode in the rank JSON: train/<model>, train-strong/<model>.
+TASKS = {"weak": "train", "strong": "train-strong"}
 
 
 def transport_of(backend) -> str:
@@ -54,21 +57,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", required=True, type=Path, help="folder for rank<R>.json")
     p.add_argument("--backend", help="paraflow backend to train under")
     p.add_argument("--model", action="append", default=[], help="model spec to train (repeatable)")
-    p.add_argument("--allreduce-sizes", type=_sizes, default=[], help="comma-separated bytes")
+    p.add_argument("--sweep-sizes", type=_sizes, default=[], help="comma-separated bytes for the collective sweep")
+    p.add_argument("--collectives", default="allreduce", help="comma-separated collectives for the sweep")
+    p.add_argument("--dtypes", default="float32", help="comma-separated dtypes for the sweep")
+    p.add_argument("--rounds", type=int, default=4, help="alternating raw / paraflow blocks per sweep size")
+    p.add_argument("--scaling", default="weak", help="weak, strong or weak,strong")
+    p.add_argument("--max-warmup", type=float, default=2.0, help="seconds of warm-up steps, at most")
+    p.add_argument("--pin", action="store_true", help="bind this rank to cores of its own")
     p.add_argument("--memcpy-sizes", type=_sizes, default=[], help="comma-separated bytes")
     p.add_argument("--overhead", help="model spec for paraflow-vs-raw abstraction overhead")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the memory copy")
     p.add_argument("--data", default="synthetic")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=30, help="timed steps, at least")
+    p.add_argument("--steps", type=int, default=30, help="timed steps (overhead: rounds), at least")
+    p.add_argument("--profile-steps", type=int, default=20, help="overhead: steps under the own-code profiler")
     p.add_argument("--min-window", type=float, default=0.0, help="seconds the timed window lasts, at least")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
-def _meta(backend=None) -> dict:
-    meta = {"host": socket.gethostname(), "pid": os.getpid(), "torch_threads": torch.get_num_threads()}
+def _meta(backend=None, pinned=None) -> dict:
+    meta = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "torch_threads": torch.get_num_threads(),
+        "pinned_cores": pinned,
+    }
     if backend is not None:
         meta.update(
             rank=backend.rank,
@@ -88,12 +103,17 @@ def _meta(backend=None) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    threads = args.threads or int(os.environ.get("PARAFLOW_NUM_THREADS", "1"))
+    pinned = None
+    if args.pin:
+        from .pinning import pin_rank
+
+        pinned = pin_rank(threads)
     if args.memcpy_sizes:
         from .memcpy import run_memcpy
 
-        threads = args.threads or int(os.environ.get("PARAFLOW_NUM_THREADS", "1"))
         result = run_memcpy(args.memcpy_sizes, threads)
-        RankFile(args.out, 0, _meta()).add("memcpy", result)
+        RankFile(args.out, 0, _meta(pinned=pinned)).add("memcpy", result)
         return 0
     if not args.backend:
         print("worker: --backend is required for training, allreduce and overhead tasks", file=sys.stderr)
@@ -105,12 +125,17 @@ def main(argv=None) -> int:
         from .overhead import run_overhead
 
         result = run_overhead(
-            args.backend, ModelSpec.parse(args.overhead), args.data, args.batch_size, args.warmup, args.steps, args.seed
+            args.backend,
+            ModelSpec.parse(args.overhead),
+            args.data,
+            args.batch_size,
+            args.warmup,
+            args.steps,
+            args.seed,
+            args.profile_steps,
         )
         meta = {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "torch_threads": torch.get_num_threads(),
+            **_meta(pinned=pinned),
             "rank": result["rank"],
             "world_size": result["world_size"],
             "backend": args.backend,
@@ -124,17 +149,34 @@ def main(argv=None) -> int:
     from .train_loop import run_training
 
     with paraflow.init(args.backend) as backend:
-        rank_file = RankFile(args.out, backend.rank, _meta(backend))
+        rank_file = RankFile(args.out, backend.rank, _meta(backend, pinned))
         for text in args.model:
             spec = ModelSpec.parse(text)
-            result = run_training(
-                backend, spec, args.data, args.batch_size, args.warmup, args.steps, args.seed, args.min_window
-            )
-            rank_file.add(f"train/{spec}", result)
-        if args.allreduce_sizes:
-            from .allreduce import run_allreduce
+            for scaling in args.scaling.split(","):
+                if scaling == "strong" and backend.world_size == 1:
+                    continue  # one process: the same run as weak scaling
+                result = run_training(
+                    backend,
+                    spec,
+                    args.data,
+                    args.batch_size,
+                    args.warmup,
+                    args.steps,
+                    args.seed,
+                    args.min_window,
+                    scaling,
+                    args.max_warmup,
+                )
+                rank_file.add(f"{TASKS[scaling]}/{spec}", result)
+        if args.sweep_sizes:
+            from ...core.registry import spec as registered
+            from .sweep import run_sweep
 
-            rank_file.add("allreduce", run_allreduce(backend, args.allreduce_sizes))
+            registration = registered(args.backend)
+            raw = registration.load().raw_loop(**registration.presets)
+            collectives, dtypes = args.collectives.split(","), args.dtypes.split(",")
+            sweep = run_sweep(backend, raw, args.sweep_sizes, collectives, dtypes, rounds=args.rounds)
+            rank_file.add("sweep", sweep)
     return 0
 
 

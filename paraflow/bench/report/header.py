@@ -13,7 +13,7 @@ from typing import Optional
 from ...backends.horovod.info import summary as horovod_summary
 from ...tools.launch import find_tool
 
-__all__ = ["collect_header", "header_lines", "busy_warning", "cluster_line", "UNITS"]
+__all__ = ["collect_header", "header_lines", "busy_warning", "binding_summary", "cluster_line", "UNITS"]
 
 UNITS = "GB = 1e9 bytes, MB = 1e6 bytes; GB/s = 1e9 bytes per second; times are wall-clock"
 
@@ -103,6 +103,24 @@ def cluster_line(cluster: dict) -> str:
     )
 
 
+def binding_summary(cells: list, pin: bool) -> str:
+    """How each rank's threads were placed: the cores each local rank was pinned to, per process count."""
+    if not pin:
+        return "none: the OS placed every thread"
+    seen: dict = {}
+    for cell in cells:
+        for rank in cell.get("ranks") or []:
+            if rank.get("pinned_cores") is not None and cell["kind"] == "train":
+                seen.setdefault(cell["nproc"], {})[rank.get("local_rank", rank.get("rank", 0))] = rank["pinned_cores"]
+    if not seen:
+        return "each rank pins itself to cores of its own (sched_setaffinity); no rank reported its cores"
+    parts = []
+    for n, ranks in sorted(seen.items()):
+        cores = " | ".join(",".join(map(str, ranks[r])) for r in sorted(ranks))
+        parts.append(f"{n} process{'es' * (n > 1)}: cores {cores}")
+    return "each rank pinned to cores of its own (sched_setaffinity, every launcher): " + "; ".join(parts)
+
+
 def busy_warning(header: dict) -> Optional[str]:
     """A warning when other work competed for the CPU: a 1-min load average above the core count."""
     load = header["load_average_1min"]
@@ -130,6 +148,16 @@ def header_lines(header: dict, with_commands: bool = True) -> list[str]:
     ]
     if header.get("cluster"):
         lines.append(cluster_line(header["cluster"]))
+    if header.get("binding"):
+        lines.append(f"binding: {header['binding']}")
+    floor = header.get("noise_floor")
+    if floor:
+        spread = "n/a (a launch failed)" if floor.get("spread") is None else f"{floor['spread']:.1%}"
+        medians = " and ".join(f"{m:g}" for m in floor.get("medians_ms", []))
+        lines.append(
+            f"noise floor (A/A check: {floor['cell']} launched twice on {floor['model']}, median step "
+            f"{medians} ms): {spread}"
+        )
     warning = busy_warning(header)
     if warning:
         lines.append(warning)

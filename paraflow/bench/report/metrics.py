@@ -93,14 +93,26 @@ def algbw(size_bytes: int, time_s: float) -> float:
     return size_bytes / time_s
 
 
-def bus_factor(n: int) -> float:
-    """nccl-tests' allreduce bus factor 2(n-1)/n: each byte crosses the slowest link this often."""
-    return 2.0 * (n - 1) / n
+def bus_factor(n: int, collective: str = "allreduce") -> float:
+    """nccl-tests' bus factor: how often each byte crosses the slowest link.
+
+    allreduce 2(n-1)/n; allgather and reduce_scatter (n-1)/n (size = the whole gathered output,
+    or the whole scattered input); broadcast 1.
+    """
+    factors = {
+        "allreduce": 2.0 * (n - 1) / n,
+        "allgather": (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "broadcast": 1.0,
+    }
+    if collective not in factors:
+        raise ValueError(f"no bus factor for {collective!r}")
+    return factors[collective]
 
 
-def busbw(size_bytes: int, time_s: float, n: int) -> float:
-    """Bus bandwidth in bytes/s: algbw * 2(n-1)/n, comparable across process counts."""
-    return algbw(size_bytes, time_s) * bus_factor(n)
+def busbw(size_bytes: int, time_s: float, n: int, collective: str = "allreduce") -> float:
+    """Bus bandwidth in bytes/s: algbw * the collective's bus factor, comparable across process counts."""
+    return algbw(size_bytes, time_s) * bus_factor(n, collective)
 
 
 def median_confidence_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:

@@ -9,13 +9,14 @@ from pathlib import Path
 from ...errors import MissingDependencyError
 from .header import header_lines
 from .tables import (
-    ALLREDUCE_COLUMNS,
-    ALLREDUCE_FOOTER_COLUMNS,
     MEMCPY_COLUMNS,
     OVERHEAD_COLUMNS,
     OVERHEAD_TARGET,
+    SWEEP_FOOTER_COLUMNS,
     TRAINING_COLUMNS,
+    csv_columns,
     render,
+    sweep_columns,
 )
 
 __all__ = [
@@ -25,45 +26,65 @@ __all__ = [
     "write_csvs",
     "write_json",
     "CSV_TABLES",
+    "csv_tables",
+    "verdict_lines",
     "DEFINITIONS",
 ]
 
 INSTALL_HINT = "install the benchmark extras: `pip install 'paraflow[bench]'` (tabulate and matplotlib)"
 
-#: CSV file -> (table key, columns).
-CSV_TABLES = {
-    "training.csv": ("training", TRAINING_COLUMNS),
-    "allreduce.csv": ("allreduce", ALLREDUCE_COLUMNS),
-    "allreduce_summary.csv": ("allreduce_footer", ALLREDUCE_FOOTER_COLUMNS),
-    "memcpy.csv": ("memcpy", MEMCPY_COLUMNS),
-    "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
-}
+
+def csv_tables(unit: str = "GB/s") -> dict:
+    """CSV file -> (table key, columns), bandwidth headers in `unit`."""
+    return {
+        "training.csv": ("training", TRAINING_COLUMNS),
+        "sweep.csv": ("sweep", sweep_columns(unit)),
+        "sweep_summary.csv": ("sweep_footer", SWEEP_FOOTER_COLUMNS),
+        "memcpy.csv": ("memcpy", MEMCPY_COLUMNS),
+        "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
+    }
+
+
+CSV_TABLES = csv_tables()
 
 DEFINITIONS = [
-    "step time: per rank, after a device sync; a step takes as long as its slowest rank; "
-    "median and p10/p90 over the timed steps.",
+    "every figure with ± or [low–high] is the median over independent launches of the same cell with a 95% "
+    "confidence interval from a two-level bootstrap (launches resampled, then steps within each launch; "
+    "percentile interval, 2000 replicates); ±x% is the farther end's distance from the value. A figure whose "
+    "interval reaches further than the noisy bound (relative; in points for comm overhead) is marked noisy.",
+    "step time: per rank, after a device sync; a step takes as long as its slowest rank; a launch's step time "
+    "is the median of its timed steps; p10/p90 pool every launch's steps.",
+    "warm-up: untimed steps until the median of the last 5 is within 10% of the 5 before (at least --warmup, "
+    "at most --max-warmup seconds of steps).",
     "samples/s: global samples in the timed window / the window's wall time (after warm-up and a barrier); "
     "per process = that / processes.",
-    "weak-scaling eff: fixed batch per rank; X_n / (n * X_1), X_1 = the single backend "
-    "(one process, no wrapper) on the same model.",
+    "scaling eff: weak scaling (fixed batch per rank): X_n / (n * X_1); strong scaling (fixed global batch): "
+    "speedup t_1 / t_n, eff = speedup / n; X_1 and t_1 = the single backend (one process, no wrapper) on the "
+    "same model.",
     "comm overhead: 1 - t_step(no gradient sync) / t_step(with it), medians of interleaved pairs of steps; the "
     "step without sync runs forward and backward under backend.no_sync and a local optimizer update "
     "(horovod's inside optimizer.skip_synchronize(), since its step() would reduce the skipped gradients).",
     "peak mem: peak resident set size of the process on CPU (max over ranks), torch's peak allocated memory on CUDA.",
     "model state: bytes of parameters, gradients and optimizer state one rank holds after a step, from the "
     "tensors (a sharded backend's local shards), max over ranks.",
-    "final loss: the loss of timed step number --steps (every cell runs at least that many; windows "
-    "may run longer), mean over ranks: rows with the same process count start from the same seed and "
-    "data, so their losses should agree.",
-    "allreduce: in-place float32 sum; time = max over ranks of the mean time per operation; algbw = size / time; "
-    "busbw = algbw * 2(n-1)/n (nccl-tests); #wrong = elements differing from the exact expected sum; "
-    "avg busbw = mean over sizes.",
+    "final loss: the loss of timed step number --steps, mean over ranks: rows with the same process count start "
+    "from the same seed and data, so their losses should agree.",
+    "sweep: nccl-tests style; per size the raw library's call and paraflow's public call (allreduce_, "
+    "broadcast_ in place, allgather returning a list) alternate in blocks; time = median over blocks of the "
+    "slowest rank's mean per operation; algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n "
+    "(allgather, reduce_scatter; size = the whole gathered or scattered buffer), 1 (broadcast); paraflow/raw = "
+    "median over launches of each launch's time ratio; #wrong = elements differing from the exact expected result.",
     "memcpy: size / time of one buffer copy with the threads each rank uses (each byte counted once, like algbw).",
-    "abstraction overhead: median step via paraflow / median step of the same loop set up by hand "
-    "on the raw library - 1, "
-    f"steps interleaved in one run; paired: median over back-to-back pairs of the step-time ratio - 1, with a "
-    f"distribution-free 95% confidence interval; within {OVERHEAD_TARGET:.0%}: yes if the interval lies at or below "
-    f"the target, no if above, unresolved if noise hides it, always on a busy machine (reported, not enforced).",
+    "abstraction overhead: rounds of one step through paraflow, one on the same loop set up by hand on the raw "
+    "library and one on a second hand-written copy (the A/A control), in rotating order; paired = median over "
+    "rounds of paraflow / raw - 1, control = control / raw - 1, 95% intervals from order statistics over 20 "
+    "blocks of rounds; direct = paraflow's own Python per step (profiled) and, above it, plus the bound on late "
+    f"waiting in its polling waits, over the raw step; within {OVERHEAD_TARGET:.0%}: yes when the paired "
+    "interval lies at or below the target (or straddles it and the direct upper bound is below), no when it lies "
+    "above (or the direct lower bound does), unresolved otherwise or when the control finds a difference.",
+    "verdict: per model and process count, the backend and launcher with the highest samples/s; another is "
+    "slower when the 95% interval of the throughput ratio lies above 1 and the ratio exceeds the A/A noise "
+    "floor, else no significant difference.",
 ]
 
 
@@ -85,30 +106,52 @@ def _by(rows: list, keys: tuple) -> dict:
     return groups
 
 
+#: Columns left out of the terminal and Markdown tables (they stay in the CSV and JSON).
+TRAINING_HIDDEN = ("model", "scaling", "transport", "device", "batch_per_rank", "parameters", "grad_mb_per_step")
+SWEEP_HIDDEN = ("backend", "launcher", "transport", "processes", "collective", "dtype")
+
+
+def _sweep_footer(footer: dict, unit: str) -> str:
+    def bw(key: str) -> str:
+        return "—" if footer.get(key) is None else f"{footer[key]:g} {unit}"
+
+    vs = footer.get("avg_busbw_vs_memcpy")
+    return (
+        f" # Avg bus bandwidth : raw {bw('avg_raw_busbw')}, paraflow {bw('avg_busbw')}"
+        + (f" ({vs * 100:.1f}% of memcpy)" if vs is not None else "")
+        + f"   # Out of bounds values : {footer['wrong']} {'OK' if footer['wrong'] == 0 else 'WRONG'}"
+    )
+
+
 def _sections(results: dict, fmt: str) -> list:
     """(title, text) pairs for every table, in reading order."""
     tables = results["tables"]
+    unit = results.get("config", {}).get("units", "GB/s")
     sections = []
-    for (model,), rows in _by(tables["training"], ("model",)).items():
+    for (model, scaling), rows in _by(tables["training"], ("model", "scaling")).items():
         first = next((r for r in rows if r["parameters"] is not None), rows[0])
         about = (
             f"{first['parameters']:,} parameters, {first['grad_mb_per_step']} MB of gradients per step"
             if first["parameters"] is not None
             else "no result"
         )
-        sections.append((f"Training: {model} ({about})", render(rows, TRAINING_COLUMNS, fmt, drop=("model",))))
-    footers = {(f["backend"], f["launcher"], f["processes"]): f for f in tables["allreduce_footer"]}
-    for key, rows in _by(tables["allreduce"], ("backend", "launcher", "processes")).items():
-        footer = footers.get(key, {})
-        text = render(rows, ALLREDUCE_COLUMNS, fmt, drop=("backend", "launcher", "processes"))
-        if footer.get("avg_busbw_gbps") is not None:
-            vs = footer.get("avg_busbw_vs_memcpy")
-            text += (
-                f"\n\n # Avg bus bandwidth : {footer['avg_busbw_gbps']:g} GB/s"
-                + (f" ({vs * 100:.1f}% of memcpy)" if vs is not None else "")
-                + f"   # Out of bounds values : {footer['wrong']} {'OK' if footer['wrong'] == 0 else 'WRONG'}"
-            )
-        sections.append((f"Allreduce: {key[0]} under {key[1]}, {key[2]} processes", text))
+        hidden = TRAINING_HIDDEN + (("speedup",) if scaling == "weak" else ())
+        title = f"Training: {model}, {scaling} scaling ({about})"
+        sections.append((title, render(rows, TRAINING_COLUMNS, fmt, drop=hidden)))
+    footers = {
+        (f["backend"], f["launcher"], f["processes"], f["collective"], f["dtype"]): f for f in tables["sweep_footer"]
+    }
+    for key, rows in _by(tables["sweep"], ("backend", "launcher", "processes", "collective", "dtype")).items():
+        text = render(rows, sweep_columns(unit), fmt, drop=SWEEP_HIDDEN)
+        if footers.get(key, {}).get("sizes"):
+            text += "\n\n" + _sweep_footer(footers[key], unit)
+        backend, launcher, n, collective, dtype = key
+        title = f"{collective or 'Sweep'} {dtype or ''}: {backend} under {launcher}, {n} processes".strip()
+        sections.append((title[0].upper() + title[1:], text))
+    for u in tables.get("sweep_unsupported", []):
+        sections.append(
+            (f"Not measured: {u['collective']} {u['dtype']} under {u['backend']} · {u['launcher']}", u["error"])
+        )
     if tables["memcpy"]:
         sections.append(("Memory-copy bandwidth of this machine", render(tables["memcpy"], MEMCPY_COLUMNS, fmt)))
     if tables["overhead"]:
@@ -119,6 +162,11 @@ def _sections(results: dict, fmt: str) -> list:
             )
         )
     return sections
+
+
+def verdict_lines(results: dict) -> list:
+    """The summary's sentences, in order: training, abstraction overhead, collectives."""
+    return [entry["text"] for entry in results["tables"].get("verdict", [])]
 
 
 def _failures(results: dict) -> list:
@@ -138,6 +186,8 @@ def terminal_report(results: dict) -> str:
         lines += ["", "Not run here:", *[f"  {s}" for s in _skipped(results)]]
     if _failures(results):
         lines += ["", "FAILED cells:", *[f"  {f}" for f in _failures(results)]]
+    if verdict_lines(results):
+        lines += ["", "Verdict:", *[f"  - {v}" for v in verdict_lines(results)]]
     return "\n".join(lines)
 
 
@@ -151,6 +201,9 @@ def markdown_report(results: dict, plots: list) -> str:
     lines = ["# paraflow benchmark", "", "```", *header_lines(header, with_commands=False), "```", ""]
     lines += ["## Definitions", "", *[f"- {d}" for d in DEFINITIONS], ""]
     for title, text in _sections(results, "github"):
+        if title.startswith("Not measured"):
+            lines += [f"## {title}", "", _md_escape(text), ""]
+            continue
         if "\n\n # Avg" in text:
             table, footer = text.split("\n\n", 1)
             text = f"{table}\n\n`{footer.strip()}`"
@@ -162,6 +215,8 @@ def markdown_report(results: dict, plots: list) -> str:
     if _failures(results):
         lines += ["## Failed cells", "", *[f"- {_md_escape(f)}" for f in _failures(results)], ""]
     lines += ["## Commands", "", "```", *header["commands"], "```", ""]
+    if verdict_lines(results):
+        lines += ["## Verdict", "", *[f"- {_md_escape(v)}" for v in verdict_lines(results)], ""]
     return "\n".join(lines)
 
 
@@ -169,14 +224,15 @@ def write_csvs(results: dict, out: Path) -> list:
     """One CSV per table; `#` lines on top carry the header (pandas: read_csv(..., comment="#"))."""
     written = []
     comment = [f"# {line}" for line in header_lines(results["header"])]
-    for name, (key, columns) in CSV_TABLES.items():
+    for name, (key, columns) in csv_tables(results.get("config", {}).get("units", "GB/s")).items():
         rows = results["tables"][key]
+        keys = csv_columns(columns, rows)
         with open(out / name, "w", newline="") as f:
             f.write("\n".join(comment) + "\n")
-            writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
             writer.writeheader()
             for row in rows:
-                writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+                writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in keys})
         written.append(name)
     return written
 

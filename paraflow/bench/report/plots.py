@@ -8,7 +8,7 @@ from pathlib import Path
 from ...errors import MissingDependencyError
 from .header import busy_warning, header_lines
 
-__all__ = ["write_plots", "size_label", "require_pyplot"]
+__all__ = ["write_plots", "size_label", "require_pyplot", "throughput_figure", "busbw_figure"]
 
 
 def require_pyplot():
@@ -55,9 +55,17 @@ def _footer(fig, header: dict) -> float:
     return (len(wrapped) * 0.115 + 0.15) / fig.get_figheight()
 
 
-def _throughput(rows: list, header: dict, path: Path) -> None:
+def _yerr(points: list, key: str) -> list:
+    """Error-bar lengths below and above each point's value (its 95% interval), 0 where it has none."""
+    below = [p[key] - p[f"{key}_low"] if p.get(f"{key}_low") is not None else 0 for p in points]
+    above = [p[f"{key}_high"] - p[key] if p.get(f"{key}_high") is not None else 0 for p in points]
+    return [below, above]
+
+
+def throughput_figure(rows: list, header: dict):
+    """The throughput figure (matplotlib), one panel per model, error bars from the intervals."""
     plt = require_pyplot()
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if r["status"].startswith("ok") and r["samples_per_s"] is not None and r["scaling"] == "weak"]
     models = list(dict.fromkeys(r["model"] for r in ok))
     fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 5.4), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -69,10 +77,12 @@ def _throughput(rows: list, header: dict, path: Path) -> None:
             series.setdefault(f"{r['backend']} · {r['launcher']}", []).append(r)
         for label, points in series.items():
             points.sort(key=lambda r: r["processes"])
-            ax.plot(
+            ax.errorbar(
                 [p["processes"] for p in points],
                 [p["samples_per_s"] for p in points],
+                yerr=_yerr(points, "samples_per_s"),
                 marker="o",
+                capsize=3,
                 linestyle="-" if len(points) > 1 else "none",
                 label=label,
             )
@@ -86,55 +96,87 @@ def _throughput(rows: list, header: dict, path: Path) -> None:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("Training throughput against process count (weak scaling: fixed batch per process)")
+    fig.suptitle(
+        "Training throughput against process count (weak scaling: fixed batch per process; "
+        "bars: 95% intervals over launches)"
+    )
     fig.tight_layout(rect=(0, _footer(fig, header), 1, 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def _busbw(rows: list, memcpy: list, header: dict, path: Path) -> None:
+def busbw_figure(rows: list, memcpy: list, header: dict, unit: str):
+    """The bus-bandwidth figure (matplotlib), one panel per collective and dtype, error bars from the intervals."""
     plt = require_pyplot()
-    ok = [r for r in rows if r["status"] == "ok"]
-    fig, ax = plt.subplots(figsize=(9, 6.2))
-    series = {}
-    for r in ok:
-        series.setdefault(f"{r['backend']} · {r['launcher']} · {r['processes']} procs ({r['transport']})", []).append(r)
-    for label, points in series.items():
-        ax.plot([p["size_bytes"] for p in points], [p["busbw_gbps"] for p in points], marker="o", label=label)
-    for device in dict.fromkeys(r["device"] for r in memcpy):
-        points = [r for r in memcpy if r["device"] == device]
-        ax.plot(
-            [p["size_bytes"] for p in points],
-            [p["gbps"] for p in points],
-            color="black",
-            linestyle="--",
-            linewidth=1,
-            label=f"memcpy on {device} ({points[0]['threads']} thread(s))",
-        )
-    sizes = sorted({r["size_bytes"] for r in ok} | {r["size_bytes"] for r in memcpy})
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(sizes)
-    ax.set_xticklabels([size_label(s) for s in sizes])
-    ax.minorticks_off()
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s, GB = 1e9 bytes)")
-    ax.set_title("Allreduce bus bandwidth against message size (float32 sum)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ok = [r for r in rows if r["status"].startswith("ok") and r.get("size_bytes") is not None]
+    panels = list(dict.fromkeys((r["collective"], r["dtype"]) for r in ok))
+    fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 6.2), squeeze=False)
+    for ax, (collective, dtype) in zip(axes[0], panels):
+        series: dict = {}
+        for r in ok:
+            if (r["collective"], r["dtype"]) == (collective, dtype):
+                series.setdefault(f"{r['backend']} · {r['launcher']} · {r['processes']} procs", []).append(r)
+        for label, points in series.items():
+            sizes = [p["size_bytes"] for p in points]
+            line = None
+            if any(p["busbw"] is not None for p in points):
+                line = ax.errorbar(
+                    sizes,
+                    [p["busbw"] for p in points],
+                    yerr=_yerr(points, "busbw"),
+                    marker="o",
+                    capsize=3,
+                    label=f"{label}: paraflow",
+                )
+            color = line[0].get_color() if line else None
+            ax.errorbar(
+                sizes,
+                [p["raw_busbw"] for p in points],
+                yerr=_yerr(points, "raw_busbw"),
+                marker="x",
+                capsize=3,
+                linestyle=":",
+                color=color,
+                label=f"{label}: raw library",
+            )
+        for device in dict.fromkeys(r["device"] for r in memcpy):
+            points = [r for r in memcpy if r["device"] == device]
+            ax.plot(
+                [p["size_bytes"] for p in points],
+                [p["bw"] for p in points],
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label=f"memcpy on {device} ({points[0]['threads']} thread(s))",
+            )
+        sizes = sorted({r["size_bytes"] for r in ok if (r["collective"], r["dtype"]) == (collective, dtype)})
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([size_label(s) for s in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel(f"busbw ({unit}; GB = 1e9 bytes)")
+        ax.set_title(f"{collective} {dtype}: bus bandwidth (bars: 95% intervals over launches)", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
     fig.tight_layout(rect=(0, _footer(fig, header), 1, 1))
+    return fig
+
+
+def _save(fig, path: Path) -> None:
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    require_pyplot().close(fig)
 
 
 def write_plots(results: dict, out: Path) -> list:
     """throughput.png and busbw.png (when there is something to draw); returns the file names."""
     tables, header = results["tables"], results["header"]
     written = []
-    if any(r["status"] == "ok" for r in tables["training"]):
-        _throughput(tables["training"], header, out / "throughput.png")
+    if any(r["status"].startswith("ok") and r["samples_per_s"] is not None for r in tables["training"]):
+        _save(throughput_figure(tables["training"], header), out / "throughput.png")
         written.append("throughput.png")
-    if any(r["status"] == "ok" for r in tables["allreduce"]):
-        _busbw(tables["allreduce"], tables["memcpy"], header, out / "busbw.png")
+    if any(r["status"].startswith("ok") and r.get("size_bytes") is not None for r in tables["sweep"]):
+        unit = results.get("config", {}).get("units", "GB/s")
+        _save(busbw_figure(tables["sweep"], tables["memcpy"], header, unit), out / "busbw.png")
         written.append("busbw.png")
     return written

@@ -1,0 +1,155 @@
+"""nccl-tests-style collective sweep one rank runs: paraflow's public call beside the raw library's.
+
+For each collective, dtype and size: a warm-up, a barrier, then ROUNDS rounds in which the raw
+library's call and paraflow's public call each run a block of back-to-back operations, the
+order flipping every round (so load that drifts during the sweep hits both alike); a side's
+time per operation is the median over rounds of its block's mean. Then one checked operation per
+side on a known pattern: rank r holds (r + 1) * (i % 13 + 1) at element i, so every expected
+element is a small integer, exact in float32, float16 and bfloat16; elements that differ are
+counted as #wrong. Sizes follow nccl-tests: the whole buffer for allreduce and broadcast, the
+gathered output for allgather, the scattered input for reduce_scatter.
+
+paraflow's calls are the in-place ``allreduce_`` and ``broadcast_`` and the list-returning
+``allgather``, each with the cross-rank check and error translation every public collective has;
+reduce_scatter has no public call and is measured on the raw library only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .train_loop import device_sync
+
+__all__ = ["run_sweep", "iterations_for", "pattern", "expected", "count_wrong", "COLLECTIVES", "DTYPES", "ROUNDS"]
+
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: Roughly this many bytes are moved per size and side, so small messages get many iterations.
+BYTES_PER_SIZE = 64 * 1024**2
+MIN_ITERS, MAX_ITERS = 4, 40
+ROUNDS = 4  # alternating raw / public blocks per size (default)
+
+
+def iterations_for(size_bytes: int) -> int:
+    """Timed operations per side for one message size: many for small messages, at least MIN_ITERS."""
+    return max(MIN_ITERS, min(MAX_ITERS, BYTES_PER_SIZE // max(size_bytes, 1)))
+
+
+def pattern(rank: int, count: int, dtype: torch.dtype = torch.float32, device="cpu") -> torch.Tensor:
+    """Rank `rank`'s input: (rank + 1) * (i % 13 + 1)."""
+    return ((torch.arange(count, device=device) % 13 + 1) * (rank + 1)).to(dtype)
+
+
+def expected(collective: str, n: int, rank: int, count: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+    """The exact result `collective` must give on `rank` for inputs from :func:`pattern` (broadcast from 0)."""
+    if collective == "allreduce":
+        return pattern(n * (n + 1) // 2 - 1, count, dtype, device)
+    if collective == "allgather":
+        return torch.cat([pattern(r, count, dtype, device) for r in range(n)])
+    if collective == "reduce_scatter":
+        return pattern(n * (n + 1) // 2 - 1, count * n, dtype, device)[rank * count : (rank + 1) * count]
+    if collective == "broadcast":
+        return pattern(0, count, dtype, device)
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def count_wrong(result, want: torch.Tensor) -> int:
+    """Elements of `result` that differ from `want` (a list is concatenated; a wrong shape counts all)."""
+    if isinstance(result, (list, tuple)):
+        result = torch.cat([t.reshape(-1) for t in result])
+    if result.shape != want.shape:
+        return int(want.numel())
+    return int((result.to(want.device) != want).sum())
+
+
+def _calls(collective: str, backend, raw, n: int, count: int, dtype, device) -> dict:
+    """side -> (make its input buffer, the call on a buffer) for `collective`; count = elements per rank."""
+    if collective == "allreduce":
+        sides = {"raw": raw.allreduce_, "public": lambda t: backend.allreduce_(t, "sum")}
+        size = count
+    elif collective == "broadcast":
+        sides = {"raw": lambda t: raw.broadcast_(t, 0), "public": lambda t: backend.broadcast_(t, 0)}
+        size = count
+    elif collective == "allgather":
+        out = torch.empty(count * n, dtype=dtype, device=device)
+        sides = {"raw": lambda t: raw.allgather(t, out), "public": backend.allgather}
+        size = count
+    elif collective == "reduce_scatter":
+        out = torch.empty(count, dtype=dtype, device=device)
+        sides = {"raw": lambda t: raw.reduce_scatter(t, out)}
+        size = count * n
+    else:
+        raise ValueError(f"unknown collective {collective!r}")
+    return {side: (size, call) for side, call in sides.items() if raw is not None or side != "raw"}
+
+
+def _block(call, buffer, iters: int, device) -> float:
+    start = time.perf_counter()
+    for _ in range(iters):
+        call(buffer)
+    device_sync(device)
+    return (time.perf_counter() - start) / iters
+
+
+def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup: int, rounds: int) -> list:
+    device, n, rank = backend.device, backend.world_size, backend.rank
+    dtype = DTYPES[dtype_name]
+    element = torch.tensor([], dtype=dtype).element_size()
+    per_rank = size // element if collective in ("allreduce", "broadcast") else size // (element * n)
+    count = max(1, per_rank)
+    sides = _calls(collective, backend, raw, n, count, dtype, device)
+    buffers = {side: torch.zeros(length, dtype=dtype, device=device) for side, (length, _) in sides.items()}
+    total_bytes = count * element * (1 if collective in ("allreduce", "broadcast") else n)
+    iters = max(1, iterations_for(total_bytes) // ROUNDS)  # ROUNDS rounds' worth, however many rounds
+    for side, (_, call) in sides.items():
+        for _ in range(warmup):
+            call(buffers[side])
+    device_sync(device)
+    backend.barrier()
+    times = {side: [] for side in sides}
+    for i in range(rounds):
+        for side in list(sides) if i % 2 == 0 else list(sides)[::-1]:
+            times[side].append(_block(sides[side][1], buffers[side], iters, device))
+    rows = []
+    for side, (length, call) in sides.items():
+        result = call(pattern(rank, length, dtype, device))
+        device_sync(device)
+        wrong = count_wrong(result, expected(collective, n, rank, count, dtype, device))
+        rows.append(
+            {
+                "collective": collective,
+                "impl": side,
+                "dtype": dtype_name,
+                "bytes": total_bytes,
+                "count": count * (1 if collective in ("allreduce", "broadcast") else n),
+                "iters": iters * rounds,
+                "time_s": statistics.median(times[side]),
+                "round_s": times[side],
+                "wrong": wrong,
+            }
+        )
+    return rows
+
+
+def run_sweep(
+    backend, raw, sizes: list, collectives: list, dtypes: list, warmup: int = 2, rounds: int = ROUNDS
+) -> dict:
+    """Sweep `sizes` (bytes) for each collective and dtype; this rank's times and checks.
+
+    `raw` is the backend's ``raw_loop`` (None: paraflow's calls only).
+    A collective or dtype the library refuses becomes an entry of "unsupported" with the error.
+    """
+    rows, unsupported = [], []
+    for collective in collectives:
+        for dtype_name in dtypes:
+            try:
+                for size in sizes:
+                    rows += _one_size(backend, raw, collective, dtype_name, size, warmup, rounds)
+            except (ValueError, TypeError, RuntimeError) as exc:  # horovod refuses bfloat16, for one
+                if backend.world_size > 1:
+                    backend.barrier()  # every rank refuses alike; realign before the next one
+                unsupported.append({"collective": collective, "dtype": dtype_name, "error": str(exc)[:200]})
+    return {"world_size": backend.world_size, "device": str(backend.device), "rows": rows, "unsupported": unsupported}

@@ -1,0 +1,179 @@
+"""95% confidence intervals for benchmark figures: across launches, and over paired steps.
+
+Across launches (training and collective figures) the interval is a two-level (hierarchical)
+percentile bootstrap: each replicate draws the launches with replacement, then, inside each drawn
+launch, its steps with replacement, and recomputes the figure; the interval holds the middle 95%
+of the replicates. The point value is the median over launches of each launch's own figure, so
+one disturbed launch cannot move it much. Resampling the launches is what makes the interval say
+how far a rerun may land: steps of one launch share its start-up, its placement and the load of
+its minute, and taken alone would claim far too much.
+
+Over paired steps (the abstraction overhead) the interval is distribution-free: exact binomial
+order statistics of the median, taken over the medians of consecutive blocks of pairs, so that
+bursts of load that make neighbouring pairs alike do not narrow it.
+
+Every draw comes from a generator seeded by what is estimated, so rebuilding the tables from
+results.json gives the same intervals.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+__all__ = [
+    "CONFIDENCE",
+    "RESAMPLES",
+    "Estimate",
+    "generator",
+    "within_launch",
+    "constant",
+    "across_launches",
+    "estimate",
+    "median",
+    "binomial_interval",
+    "block_medians",
+    "relative_halfwidth",
+]
+
+CONFIDENCE = 0.95
+#: Bootstrap replicates per figure: enough for stable 2.5% / 97.5% percentiles.
+RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A figure with its 95% interval: `value` (median over launches), `low`, `high`, and the
+    bootstrap replicates it came from (for figures derived from it, e.g. ratios)."""
+
+    value: float
+    low: float
+    high: float
+    replicates: Optional[torch.Tensor] = None
+
+    @property
+    def halfwidth(self) -> float:
+        """The larger distance from the value to an end of the interval, relative to the value."""
+        return relative_halfwidth(self.value, self.low, self.high)
+
+    def map(self, function: Callable, *others: Estimate) -> Estimate:
+        """The estimate of ``function(self, *others)``, applied to values and to replicates alike."""
+        value = function(self.value, *(o.value for o in others))
+        replicates = function(self.replicates, *(o.replicates for o in others))
+        low, high = percentile_interval(replicates)
+        return Estimate(value, min(low, value), max(high, value), replicates)
+
+
+def relative_halfwidth(value: float, low: float, high: float) -> float:
+    """max(value - low, high - value) / |value| (inf for a zero value)."""
+    if value == 0:
+        return math.inf if high != low else 0.0
+    return max(value - low, high - value) / abs(value)
+
+
+def generator(*key) -> torch.Generator:
+    """A generator seeded by `key` (what is being estimated): same data, same interval."""
+    g = torch.Generator()
+    g.manual_seed(zlib.crc32(repr(key).encode()))
+    return g
+
+
+def within_launch(values: Sequence[float], statistic: str, gen: torch.Generator, resamples: int = RESAMPLES):
+    """(point, replicates) of the median or mean of one launch's `values`, steps drawn with replacement."""
+    data = torch.tensor(list(values), dtype=torch.float64)
+    if data.numel() == 0:
+        raise ValueError("no values to resample")
+    index = torch.randint(data.numel(), (resamples, data.numel()), generator=gen)
+    drawn = data[index]
+    if statistic == "median":
+        return _median(data), drawn.quantile(0.5, dim=1)
+    if statistic == "mean":
+        return float(data.mean()), drawn.mean(dim=1)
+    raise ValueError(f"unknown statistic {statistic!r}")
+
+
+def constant(value: float, resamples: int = RESAMPLES):
+    """(point, replicates) for a launch that gives one number (no steps to resample)."""
+    return float(value), torch.full((resamples,), float(value), dtype=torch.float64)
+
+
+def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate:
+    """The median over launches of per-launch figures, with the two-level bootstrap interval.
+
+    `launches` holds (point, replicates) per launch, replicates being that launch's within-launch
+    bootstrap (same length for all). Replicate b draws len(launches) launches with replacement
+    and takes the median of their b-th replicates.
+    """
+    if not launches:
+        raise ValueError("no launches")
+    points = torch.tensor([p for p, _ in launches], dtype=torch.float64)
+    stacked = torch.stack([r for _, r in launches], dim=1)  # (resamples, launches)
+    resamples, count = stacked.shape
+    drawn = torch.randint(count, (resamples, count), generator=gen)
+    replicates = torch.gather(stacked, 1, drawn).quantile(0.5, dim=1) if count > 1 else stacked[:, 0]
+    value = _median(points)
+    low, high = percentile_interval(replicates)
+    return Estimate(value, min(low, value), max(high, value), replicates)
+
+
+def estimate(per_launch: Sequence[Sequence[float]], statistic: str, *key) -> Estimate:
+    """Shortcut: the median over launches of each launch's `statistic` of its values, with its interval."""
+    gen = generator(*key)
+    return across_launches([within_launch(v, statistic, gen) for v in per_launch], gen)
+
+
+def median(values) -> float:
+    """The usual median (mean of the two middle values for an even count)."""
+    return _median(torch.as_tensor(values, dtype=torch.float64))
+
+
+def _median(values: torch.Tensor) -> float:
+    ordered = values.sort().values
+    n = ordered.numel()
+    return float(ordered[n // 2]) if n % 2 else float((ordered[n // 2 - 1] + ordered[n // 2]) / 2)
+
+
+def percentile_interval(replicates: torch.Tensor, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The middle `confidence` of the replicates (non-finite ones dropped)."""
+    finite = replicates[torch.isfinite(replicates)]
+    if finite.numel() == 0:
+        return math.nan, math.nan
+    tail = (1 - confidence) / 2
+    q = torch.tensor([tail, 1 - tail], dtype=torch.float64)
+    low, high = torch.quantile(finite, q).tolist()
+    return low, high
+
+
+def binomial_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """Distribution-free interval for the median: (low, high, coverage).
+
+    The k-th smallest and k-th largest values cover the median with probability
+    1 - 2 P(Binomial(n, 1/2) < k); k is the largest that keeps that at or above `confidence`.
+    With too few values (n <= 5 for 95%) no k does: (min, max) and its lower coverage.
+    """
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("interval of no values")
+    best_k, best_cover = 1, 1 - 2 * 0.5**n
+    cumulative = 0.0  # P(B <= k - 1)
+    for k in range(1, n // 2 + 1):
+        cumulative += math.comb(n, k - 1) * 0.5**n
+        cover = 1 - 2 * cumulative
+        if cover < confidence:
+            break
+        best_k, best_cover = k, cover
+    return ordered[best_k - 1], ordered[n - best_k], best_cover
+
+
+def block_medians(values: Sequence[float], blocks: int) -> list[float]:
+    """Medians of `blocks` consecutive, nearly equal runs of `values` (fewer when values are few)."""
+    n = len(values)
+    blocks = max(1, min(blocks, n))
+    edges = [round(i * n / blocks) for i in range(blocks + 1)]
+    return [_median(torch.tensor(values[a:b], dtype=torch.float64)) for a, b in zip(edges, edges[1:]) if b > a]

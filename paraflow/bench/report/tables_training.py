@@ -1,0 +1,219 @@
+"""The training table: one row per model x scaling x backend x launcher x process count.
+
+Each row pools the launches of one cell. Per launch: a step takes as long as its slowest rank;
+the launch's step time is the median of its steps, its throughput the global samples of its
+window over the window's wall time, its communication overhead 1 - median(no-sync steps) /
+median(sync steps) over interleaved pairs. The row shows the median over launches with a 95%
+interval from the two-level bootstrap (intervals.py); p10/p90 pool every launch's steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+import torch
+
+from ..driver.config import ModelSpec
+from . import intervals, metrics
+from .launches import device_name, group_status, groups, rounded, task_of
+
+__all__ = ["TRAINING_COLUMNS", "training_rows", "TASK_PREFIX"]
+
+TASK_PREFIX = {"weak": "train", "strong": "train-strong"}
+
+# key -> header shown on the terminal and in Markdown; CSV uses the keys (and key_low / key_high).
+TRAINING_COLUMNS = {
+    "model": "model",
+    "scaling": "scaling",
+    "backend": "backend",
+    "launcher": "launcher",
+    "transport": "transport",
+    "device": "device",
+    "processes": "procs",
+    "threads_per_process": "threads/proc",
+    "launches": "launches",
+    "batch_per_rank": "batch/rank",
+    "global_batch": "global batch",
+    "parameters": "params",
+    "grad_mb_per_step": "grad MB/step",
+    "step_ms_median": "step ms median",
+    "step_ms_p10": "p10 ms",
+    "step_ms_p90": "p90 ms",
+    "samples_per_s": "samples/s",
+    "samples_per_s_per_process": "samples/s/proc",
+    "speedup": "speedup",
+    "scaling_efficiency": "scaling eff",
+    "comm_overhead": "comm overhead",
+    "warmup_steps": "warm-up steps",
+    "peak_mem_mb": "peak mem MB",
+    "model_state_mb": "model state MB",
+    "final_loss": "final loss",
+    "noisy": "noisy",
+    "status": "status",
+}
+
+
+def _launch(cell: dict, tasks: list) -> dict:
+    """One launch's numbers, every rank's folded into one (slowest rank per step)."""
+    t0 = tasks[0]
+    numbers = {
+        "steps": metrics.slowest_rank_per_step([t["step_s"] for t in tasks]),
+        "samples": t0["steps"] * t0["samples_per_step"] * cell["nproc"],
+        "window": max(t["window_s"] for t in tasks),
+        "sync": None,
+    }
+    if all("no_sync_step_s" in t for t in tasks):
+        numbers["sync"] = metrics.slowest_rank_per_step([t["sync_pair_step_s"] for t in tasks])
+        numbers["no_sync"] = metrics.slowest_rank_per_step([t["no_sync_step_s"] for t in tasks])
+    return numbers
+
+
+def _throughput(launches: list, gen) -> intervals.Estimate:
+    per_launch = []
+    for ln in launches:
+        mean, replicates = intervals.within_launch(ln["steps"], "mean", gen)
+        x = metrics.throughput(ln["samples"], ln["window"])
+        per_launch.append((x, x * mean / replicates))  # a resampled window lasts as its resampled steps do
+    return intervals.across_launches(per_launch, gen)
+
+
+def _comm(launches: list, gen) -> Optional[intervals.Estimate]:
+    if any(ln["sync"] is None for ln in launches):
+        return None
+    per_launch = []
+    for ln in launches:
+        sync = torch.tensor(ln["sync"], dtype=torch.float64)
+        no_sync = torch.tensor(ln["no_sync"], dtype=torch.float64)
+        drawn = torch.randint(len(sync), (intervals.RESAMPLES, len(sync)), generator=gen)  # pairs stay pairs
+        replicates = 1 - no_sync[drawn].quantile(0.5, dim=1) / sync[drawn].quantile(0.5, dim=1)
+        point = metrics.communication_overhead(intervals.median(no_sync), intervals.median(sync))
+        per_launch.append((point, replicates))
+    return intervals.across_launches(per_launch, gen)
+
+
+def _put(row: dict, key: str, est: Optional[intervals.Estimate], scale: float, digits: int) -> None:
+    if est is None:
+        return
+    row[key] = rounded(est.value * scale, digits)
+    row[f"{key}_low"] = rounded(est.low * scale, digits)
+    row[f"{key}_high"] = rounded(est.high * scale, digits)
+
+
+def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
+    """(row, estimates) for one cell group and model."""
+    first = launches[0]
+    ranks = next((c["ranks"] for c in launches if c.get("ranks")), [])
+    meta = ranks[0] if ranks else {}
+    row = dict.fromkeys(TRAINING_COLUMNS)
+    row.update(
+        model=ModelSpec.parse(spec).label,
+        scaling=scaling,
+        backend=first["backend"],
+        launcher=first["launcher"],
+        processes=first["nproc"],
+        transport=meta.get("transport"),
+        device=device_name(meta["device"]) if meta.get("device") else None,
+        threads_per_process=meta.get("torch_threads", first["threads"]),
+    )
+    task = f"{TASK_PREFIX[scaling if first['nproc'] > 1 else 'weak']}/{spec}"
+    found = [(c, t) for c in launches for t in [task_of(c, task)] if t is not None]
+    row["launches"] = len(found)
+    row["status"] = group_status(launches, len(found), f"result for {spec}")
+    if not found:
+        return row, {}
+    numbers = [_launch(c, t) for c, t in found]
+    t0 = found[0][1][0]
+    key = (group, task)
+    step = intervals.estimate([n["steps"] for n in numbers], "median", "step", *key)
+    x = _throughput(numbers, intervals.generator("x", *key))
+    comm = _comm(numbers, intervals.generator("comm", *key))
+    pooled = [s for n in numbers for s in n["steps"]]
+    _put(row, "step_ms_median", step, 1e3, 3)
+    _put(row, "samples_per_s", x, 1, 1)
+    _put(row, "samples_per_s_per_process", x, 1 / first["nproc"], 1)
+    _put(row, "comm_overhead", comm, 1, 4)
+    row.update(
+        model=t0["model"],
+        batch_per_rank=t0["batch_per_rank"],
+        global_batch=t0["samples_per_step"] * first["nproc"],
+        parameters=t0["parameters"],
+        grad_mb_per_step=rounded(t0["grad_bytes"] / 1e6, 3),
+        step_ms_p10=rounded(metrics.percentile(pooled, 10) * 1e3, 3),
+        step_ms_p90=rounded(metrics.percentile(pooled, 90) * 1e3, 3),
+        warmup_steps=max(t[0].get("warmup", 0) for _, t in found),
+        peak_mem_mb=rounded(max(t["peak_memory_bytes"] for _, ts in found for t in ts) / 1e6, 1),
+        model_state_mb=_model_state_mb([t for _, ts in found for t in ts]),
+        final_loss=rounded(statistics.fmean(_loss(t) for t in found[0][1]), 4),  # same seed and data each launch
+    )
+    row["_replicas"] = t0.get("replicas", first["nproc"])
+    return row, {"step": step, "x": x, "comm": comm}
+
+
+def _model_state_mb(tasks: list) -> Optional[float]:
+    """Bytes of parameters, gradients and optimizer state one rank holds, max over ranks (MB)."""
+    held = [sum(t["model_state_bytes"].values()) for t in tasks if "model_state_bytes" in t]  # not in older results
+    return rounded(max(held) / 1e6, 3) if held and len(held) == len(tasks) else None
+
+
+def _loss(task: dict) -> float:
+    """The loss of timed step number --steps (windows may run longer)."""
+    return task["losses"][task.get("loss_step", len(task["losses"])) - 1]
+
+
+def _noisy(est: dict, bound: float) -> str:
+    """Which figures' intervals reach further than `bound` (relative; comm overhead in absolute points)."""
+    wide = [name for name, e in (("step", est["step"]), ("samples/s", est["x"])) if e.halfwidth > bound]
+    comm = est["comm"]
+    if comm is not None and max(comm.value - comm.low, comm.high - comm.value) > bound:
+        wide.append("comm")
+    return ", ".join(wide) if wide else "no"
+
+
+def _scale(rows: list, estimates: list, noisy: float) -> None:
+    """Efficiency (and speedup for strong scaling) against the single row of the same model, device and scaling."""
+    base = {
+        (r["model"], r["device"], r["scaling"]): e for r, e in zip(rows, estimates) if r["backend"] == "single" and e
+    }
+    for row, est in zip(rows, estimates):
+        baseline = base.get((row["model"], row["device"], row["scaling"]))
+        replicas = row.pop("_replicas", row["processes"])
+        if est:
+            row["noisy"] = _noisy(est, noisy)
+        if not est or not baseline:
+            continue
+        if row["scaling"] == "weak":
+            eff = est["x"].map(lambda x, x1, n=replicas: x / (n * x1), baseline["x"])
+        else:
+            speedup = baseline["step"].map(lambda t1, tn: t1 / tn, est["step"])
+            _put(row, "speedup", speedup, 1, 3)
+            eff = speedup.map(lambda s, n=replicas: s / n)
+        _put(row, "scaling_efficiency", eff, 1, 4)
+        est["eff"] = eff
+
+
+def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10) -> tuple[list, list]:
+    """(rows, estimates): one row per model x scaling x cell group, the single baseline first per model.
+
+    Efficiency: weak scaling (fixed batch per rank) X / (replicas * X_single); strong scaling
+    (fixed global batch) speedup = t_single / t, efficiency = speedup / replicas, against the single
+    row of the same model and device. `estimates` holds each row's interval estimates (for the verdict).
+    """
+    rows, estimates = [], []
+    for group, launches in groups(cells, "train").items():
+        for spec in launches[0]["models"]:
+            for scaling in scalings:
+                row, est = _row(group, launches, spec, scaling)
+                rows.append(row)
+                estimates.append(est)
+    for row in rows:
+        row.setdefault("_replicas", row["processes"])
+    _scale(rows, estimates, noisy)
+    for row in rows:
+        row.pop("_replicas", None)
+    order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in rows))}
+    ranked = sorted(
+        range(len(rows)),
+        key=lambda i: (order[rows[i]["model"]], scalings.index(rows[i]["scaling"]), rows[i]["backend"] != "single"),
+    )
+    return [rows[i] for i in ranked], [estimates[i] for i in ranked]

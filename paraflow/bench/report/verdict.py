@@ -1,0 +1,138 @@
+"""The summary a run ends with, generated from its numbers: who is fastest, by how much, and what is noise.
+
+Per model, scaling mode and process count the backends (with their launchers) are ranked by
+throughput. Another row is "slower" than the fastest when the 95% interval of the ratio of
+their throughputs lies above 1 and the ratio exceeds the machine's noise floor (the A/A
+spread); otherwise there is "no significant difference" and it shares the first place. Each
+entry has a `claim` (the categorical statement, no numbers: what a rerun should repeat) and a
+`text` (the claim with its numbers). The same for the abstraction overhead and for paraflow's
+collectives against the raw library's.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from . import intervals
+from .tables_overhead import OVERHEAD_TARGET
+
+__all__ = ["training_verdict", "overhead_lines", "sweep_lines", "compare_pair", "RAW_TARGET_LARGE", "RAW_TARGET_SMALL"]
+
+RAW_TARGET_LARGE = 1.10  # paraflow's collectives vs the raw library's, from 1 MB up
+RAW_TARGET_SMALL = 1.50  # at the smallest size
+
+
+def _name(row: dict) -> str:
+    return f"{row['backend']} · {row['launcher']}"
+
+
+def compare_pair(fast: intervals.Estimate, slow: intervals.Estimate, noise_floor: float = 0.0) -> tuple:
+    """(factor estimate fast / slow, significant?): significant when the interval lies above 1 and
+    the factor exceeds 1 + `noise_floor`."""
+    factor = fast.map(lambda a, b: a / b, slow)
+    return factor, factor.low > 1.0 and factor.value > 1.0 + noise_floor
+
+
+def _factor_text(est: intervals.Estimate) -> str:
+    return f"{est.value:.2f}× [{est.low:.2f}–{est.high:.2f}]"
+
+
+def _percent_text(est: intervals.Estimate) -> str:
+    return f"{est.value:.0%} [{est.low:.0%}–{est.high:.0%}]"
+
+
+def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor: float) -> dict:
+    """entries: (row, estimates) of one model, scaling and process count, each with a throughput."""
+    entries = sorted(entries, key=lambda e: -e[1]["x"].value)
+    fast_row, fast = entries[0]
+    others = []
+    for row, est in entries[1:]:
+        factor, significant = compare_pair(fast["x"], est["x"], noise_floor)
+        others.append(
+            {"name": _name(row), "factor": factor.value, "low": factor.low, "high": factor.high, "slower": significant}
+        )
+    ties = sorted([_name(fast_row)] + [o["name"] for o in others if not o["slower"]])
+    behind = sorted(o["name"] for o in others if o["slower"])
+    where = f"{model}, {n} process{'es' * (n > 1)}" + (", strong scaling" if scaling == "strong" else "")
+    claim = f"{where}: fastest {' = '.join(ties)}" + (f"; slower: {', '.join(behind)}" if behind else "")
+    parts = [f"{where}: fastest {_name(fast_row)} ({fast['x'].value:,.0f} samples/s)"]
+    for o in others:
+        factor = _factor_text(intervals.Estimate(o["factor"], o["low"], o["high"]))
+        parts.append(
+            f"{factor} faster than {o['name']}"
+            if o["slower"]
+            else f"no significant difference from {o['name']} ({factor})"
+        )
+    if fast.get("comm") is not None:
+        parts.append(f"communication {_percent_text(fast['comm'])} of its step")
+    if len(entries) == 1:
+        parts.append("nothing to compare with")
+    return {
+        "model": model,
+        "scaling": scaling,
+        "processes": n,
+        "fastest": ties,
+        "slower": [o for o in others if o["slower"]],
+        "no_significant_difference": [o for o in others if not o["slower"]],
+        "comm_overhead": None
+        if fast.get("comm") is None
+        else [fast["comm"].value, fast["comm"].low, fast["comm"].high],
+        "claim": claim,
+        "text": "; ".join(parts) + ".",
+    }
+
+
+def training_verdict(rows: list, estimates: list, noise_floor: float = 0.0) -> list:
+    """One entry per model x scaling x process count with at least one measured row."""
+    grouped: dict = {}
+    for row, est in zip(rows, estimates):
+        if est and est.get("x") is not None:
+            grouped.setdefault((row["model"], row["scaling"], row["processes"]), []).append((row, est))
+    return [_group_verdict(m, s, n, entries, noise_floor) for (m, s, n), entries in grouped.items()]
+
+
+def overhead_lines(rows: list) -> list:
+    """One entry per abstraction-overhead cell: within 1% yes / no / unresolved, with the numbers."""
+    out = []
+    for row in rows:
+        if row.get("within_target") is None:
+            continue
+        verdict = row["within_target"]
+        where = f"abstraction overhead, {row['backend']} at {row['processes']} process{'es' * (row['processes'] > 1)}"
+        claim = f"{where}: within {OVERHEAD_TARGET:.0%}: {verdict.split(':')[0]}"
+        detail = (
+            f"paired {row['paired_overhead']:+.2%} "
+            f"[{row['paired_overhead_low']:+.2%}, {row['paired_overhead_high']:+.2%}], "
+            f"A/A control {row['control_overhead']:+.2%} [{row['control_overhead_low']:+.2%}, "
+            f"{row['control_overhead_high']:+.2%}]"
+        )
+        if row.get("direct_overhead_high") is not None:
+            detail += f", direct {row['direct_overhead_low']:.2%}..{row['direct_overhead_high']:.2%}"
+        out.append({"claim": claim, "text": f"{where}: within {OVERHEAD_TARGET:.0%}: {verdict} ({detail})."})
+    return out
+
+
+def _meets(value: Optional[float], target: float) -> str:
+    return "—" if value is None else ("yes" if value <= target else "no")
+
+
+def sweep_lines(footers: list) -> list:
+    """One entry per backend x launcher x collective x dtype with a raw comparison: paraflow's call
+    within 1.1x of the raw library's from 1 MB up, and within 1.5x at the smallest size."""
+    out = []
+    for f in footers:
+        if f.get("worst_vs_raw_large") is None and f.get("vs_raw_smallest") is None:
+            continue
+        where = f"{f['collective']} {f['dtype']}, {f['backend']} · {f['launcher']}, {f['processes']} processes"
+        large, small = f["worst_vs_raw_large"], f["vs_raw_smallest"]
+        claim = (
+            f"{where}: paraflow within {RAW_TARGET_LARGE}× of raw at >= 1 MB: {_meets(large, RAW_TARGET_LARGE)}; "
+            f"within {RAW_TARGET_SMALL}× at the smallest size: {_meets(small, RAW_TARGET_SMALL)}"
+        )
+        numbers = []
+        if large is not None:
+            numbers.append(f"worst {large:.2f}× at >= 1 MB")
+        if small is not None:
+            numbers.append(f"{small:.2f}× at the smallest size")
+        out.append({"claim": claim, "text": f"{claim} ({', '.join(numbers)}; medians over launches)."})
+    return out

@@ -1,0 +1,145 @@
+"""The cross-rank check's exchange, built so that checking costs as little as the collective allows.
+
+Every checked collective starts with one allgather of a fixed-size frame (same size on every
+rank whatever the tensors, so it is safe when they disagree): this rank's descriptor
+(:mod:`paraflow.reliability.collective_check`), then room for CARRY_BYTES of payload.
+
+- A tensor that fits travels in the frame: the collective's result is computed from the
+  gathered frames and no second collective runs (small messages are latency-bound, and two
+  round trips would cost twice one).
+- A larger tensor whose call repeats the last one every rank agreed on (same collective, dtype,
+  shape and op or source: a training loop, a sweep) has its own collective started right after
+  the frame's, before the frame is checked, so the two overlap instead of following each other.
+  The frame says so. If the frames then disagree, every rank that did not start it runs the same
+  call on zeros, so the started collectives complete, and every rank raises the same
+  CollectiveError: the job goes on as after any other mismatch (only an in-place call's tensor
+  holds the unusable result).
+- Otherwise the frames are checked first and the collective runs after.
+
+Overlapping needs the backend's asynchronous hooks (``_start_allgather``, ``_start_allreduce``,
+``_start_broadcast``, each returning a function that waits and gives the result); without them
+the check runs first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .collective_check import (
+    _COMPARED_BYTES,
+    _DESCRIPTOR_BYTES,
+    _OPS,
+    _PACK,
+    CARRY_BYTES,
+    FRAME_BYTES,
+    _Descriptor,
+    _words,
+    call_site,
+    mismatch_error,
+)
+from .debug import debug_enabled, trace
+
+__all__ = ["exchange", "Outcome", "FRAME_NAME"]
+
+#: The frame's collective name where the library matches collectives by name (horovod).
+FRAME_NAME = "paraflow.check"
+_STARTED = _DESCRIPTOR_BYTES  # first byte after the descriptor: 1 when this rank started its collective
+
+
+@dataclass
+class Outcome:
+    """What the exchange leaves to do: `carried` holds every rank's tensor (nothing left to send),
+    `finish` waits for the collective started alongside the frame; neither: run it now."""
+
+    carried: Optional[list] = None
+    finish: Optional[Callable] = None
+
+
+def _gather(backend, frame: torch.Tensor) -> list:
+    start = getattr(backend, "_start_allgather", None)
+    return start(frame, FRAME_NAME)() if start is not None else backend._allgather(frame)
+
+
+def _drain(backend, spec: tuple) -> None:
+    """Run the call `spec` describes on zeros, so ranks that started it can finish; its errors do not matter."""
+    collective, dtype, shape, op, src = spec
+    zeros = torch.zeros(shape, dtype=dtype, device=backend.device)
+    try:
+        if collective == "allreduce":
+            backend._allreduce(zeros, op)
+        elif collective == "broadcast":
+            backend._broadcast(zeros, src)
+        else:
+            backend._allgather(zeros)
+    except Exception:  # noqa: BLE001 - the CollectiveError that follows says what went wrong
+        pass
+
+
+def exchange(
+    backend,
+    sequence: int,
+    collective: str,
+    tensor: Optional[torch.Tensor] = None,
+    op: Optional[str] = None,
+    src: Optional[int] = None,
+    carry: bool = False,
+    start: Optional[Callable[[], Callable]] = None,
+) -> Outcome:
+    """Check that every rank is about to run the same collective; raise CollectiveError everywhere if not.
+
+    Args:
+        backend: an initialised multi-process backend (rank, device, its unchecked collectives).
+        sequence: this collective's number on this rank (1, 2, ...).
+        collective: allreduce, broadcast, allgather or barrier.
+        tensor: the tensor about to be communicated (None for a barrier).
+        op: the allreduce op.
+        src: the broadcast source rank.
+        carry: send `tensor` in the frame when it fits.
+        start: starts the collective itself and returns the function that waits for its result
+            (None: the caller runs it).
+    """
+    argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
+    words = _words(collective, sequence, tensor, argument, call_site())
+    if debug_enabled():
+        trace(backend.rank, str(_Descriptor(words)))
+    nbytes = tensor.numel() * tensor.element_size() if tensor is not None else 0
+    fits = carry and tensor is not None and nbytes <= CARRY_BYTES
+    key = (words[1], *words[3:14])  # what is compared, but the sequence number
+    last = getattr(backend, "_last_agreed", None)
+    overlap = start is not None and not fits and last is not None and last[0] == key
+    frame = bytearray(FRAME_BYTES)
+    _PACK.pack_into(frame, 0, *words)
+    frame[_STARTED] = int(overlap)
+    mine = torch.frombuffer(frame, dtype=torch.uint8)
+    if backend.device.type == "cuda":
+        mine = mine.to(backend.device)
+    if fits and nbytes:
+        mine[_DESCRIPTOR_BYTES : _DESCRIPTOR_BYTES + nbytes].copy_(tensor.detach().reshape(-1).view(torch.uint8))
+    if overlap:
+        finish_frame = backend._start_allgather(mine, FRAME_NAME)
+        finish = start()
+        rows = finish_frame()
+    else:
+        finish, rows = None, _gather(backend, mine)
+    first = rows[0][:_COMPARED_BYTES]  # everything but the call site
+    if all(torch.equal(row[:_COMPARED_BYTES], first) for row in rows[1:]):
+        if not fits and start is not None and tensor is not None:
+            backend._last_agreed = (key, (collective, tensor.dtype, tuple(tensor.shape), op, src))
+        if fits:
+            body = slice(_DESCRIPTOR_BYTES, _DESCRIPTOR_BYTES + nbytes)
+            return Outcome(carried=[row[body].view(tensor.dtype).view(tensor.shape) for row in rows])
+        return Outcome(finish=finish)
+    started = [bool(int(row[_STARTED])) for row in rows]
+    if finish is not None:
+        try:
+            finish()  # the others run the same call on zeros
+        except Exception:  # noqa: BLE001 - the mismatch is the error to report
+            pass
+    elif any(started) and last is not None:
+        _drain(backend, last[1])
+    backend._last_agreed = None
+    descriptors = [_Descriptor(row[:_DESCRIPTOR_BYTES].cpu().view(torch.int64).tolist()) for row in rows]
+    raise mismatch_error(collective, backend.rank, descriptors)

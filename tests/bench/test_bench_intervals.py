@@ -1,0 +1,162 @@
+"""Intervals, verdicts and the two-run comparison against hand-computed inputs."""
+
+import math
+
+import pytest
+import torch
+
+from paraflow.bench.report import intervals
+from paraflow.bench.report.compare import compare_runs
+from paraflow.bench.report.tables import format_cell
+from paraflow.bench.report.tables_overhead import overhead_verdict
+from paraflow.bench.report.verdict import compare_pair, training_verdict
+
+
+def test_order_statistics_interval_is_exact_binomial():
+    values = [float(v) for v in range(11, 0, -1)]  # 11..1, unsorted on purpose
+    # n = 11: P(B <= 1) = 12/2048 -> k = 2 covers 1 - 24/2048 = 98.8%; k = 3 would cover 1 - 2 * 67/2048 = 93.5%
+    low, high, cover = intervals.binomial_interval(values)
+    assert (low, high) == (2.0, 10.0) and cover == pytest.approx(1 - 24 / 2048)
+    # n = 5 cannot reach 95%: (min, max), which covers 1 - 2/32
+    assert intervals.binomial_interval([5.0, 1.0, 4.0, 2.0, 3.0]) == (1.0, 5.0, pytest.approx(0.9375))
+    # n = 20: P(B <= 5) = 21700/2^20 -> k = 6 covers 95.9%; k = 7 would cover 88.5%
+    low, high, cover = intervals.binomial_interval(list(range(20)))
+    assert (low, high) == (5, 14) and cover == pytest.approx(1 - 2 * 21700 / 2**20)
+    with pytest.raises(ValueError):
+        intervals.binomial_interval([])
+
+
+def test_block_medians_split_in_order():
+    assert intervals.block_medians([1, 9, 2, 8, 3, 7], 3) == [5.0, 5.0, 5.0]
+    assert intervals.block_medians([1, 2, 3, 10, 20, 30], 2) == [2.0, 20.0]
+    assert intervals.block_medians([4.0], 20) == [4.0]
+
+
+def test_identical_launches_give_a_zero_width_interval():
+    est = intervals.estimate([[2.0, 2.0, 2.0]] * 3, "median", "same")
+    assert (est.value, est.low, est.high) == (2.0, 2.0, 2.0) and est.halfwidth == 0.0
+
+
+def test_the_value_is_the_median_over_launches_and_the_interval_covers_their_spread():
+    launches = [[1.0, 1.1, 0.9, 1.0], [2.0, 2.1, 1.9, 2.0], [3.0, 3.1, 2.9, 3.0]]
+    est = intervals.estimate(launches, "median", "spread")
+    assert est.value == 2.0  # launch medians 1.0, 2.0, 3.0
+    # a replicate draws 3 launches with replacement: all three from launch 1 has probability 1/27 > 2.5%
+    assert est.low <= 1.0 and est.high >= 3.0
+    again = intervals.estimate(launches, "median", "spread")
+    assert (again.low, again.high) == (est.low, est.high)  # seeded by what is estimated: reproducible
+
+
+def test_derived_estimates_carry_their_replicates():
+    a = intervals.Estimate(10.0, 9.0, 11.0, torch.full((100,), 10.0, dtype=torch.float64))
+    b = intervals.Estimate(5.0, 4.0, 6.0, torch.full((100,), 5.0, dtype=torch.float64))
+    ratio = a.map(lambda x, y: x / y, b)
+    assert (ratio.value, ratio.low, ratio.high) == (2.0, 2.0, 2.0)
+    assert intervals.relative_halfwidth(10.0, 9.0, 12.0) == pytest.approx(0.2)
+    assert math.isinf(intervals.relative_halfwidth(0.0, -1.0, 1.0))
+
+
+def launches(center: float, spread: float, n: int = 3, steps: int = 30) -> list:
+    """n launches of `steps` values around `center`, each launch shifted by up to `spread`."""
+    g = torch.Generator().manual_seed(int(center * 1000))
+    out = []
+    for i in range(n):
+        shift = center * spread * (i - (n - 1) / 2) / max(1, (n - 1) / 2)
+        noise = torch.rand(steps, generator=g, dtype=torch.float64) * 0.02 * center
+        out.append([float(v) for v in center + shift + noise])
+    return out
+
+
+def test_clearly_different_samples_give_a_verdict():
+    fast = intervals.estimate(launches(1000.0, 0.02), "median", "fast")  # samples/s
+    slow = intervals.estimate(launches(500.0, 0.02), "median", "slow")
+    factor, significant = compare_pair(fast, slow)
+    assert significant and factor.low > 1.8 and factor.high < 2.2
+
+
+def test_overlapping_samples_give_no_significant_difference():
+    a = intervals.estimate(launches(1000.0, 0.10), "median", "a")
+    b = intervals.estimate(launches(1010.0, 0.10), "median", "b")
+    first, second = (a, b) if a.value >= b.value else (b, a)
+    factor, significant = compare_pair(first, second)
+    assert not significant and factor.low <= 1.0 <= factor.high
+    # a real but small difference inside the machine's noise floor is not called either
+    c = intervals.estimate([[1000.0] * 5] * 3, "median", "c")
+    d = intervals.estimate([[980.0] * 5] * 3, "median", "d")
+    assert compare_pair(c, d)[1] and not compare_pair(c, d, noise_floor=0.05)[1]
+
+
+def _row(backend, launcher, n=2, model="mlp", scaling="weak"):
+    return {"backend": backend, "launcher": launcher, "processes": n, "model": model, "scaling": scaling}
+
+
+def test_training_verdict_names_the_fastest_and_the_ties():
+    x = {
+        "a": intervals.estimate(launches(1000.0, 0.02), "median", "va"),
+        "b": intervals.estimate(launches(1005.0, 0.02), "median", "vb"),
+        "c": intervals.estimate(launches(400.0, 0.02), "median", "vc"),
+    }
+    comm = intervals.Estimate(0.4, 0.35, 0.45)
+    rows = [_row("ddp-gloo", "torchrun"), _row("horovod", "mpirun"), _row("horovod", "horovodrun")]
+    ests = [{"x": x["a"], "comm": comm}, {"x": x["b"], "comm": comm}, {"x": x["c"], "comm": None}]
+    (entry,) = training_verdict(rows, ests)
+    assert entry["fastest"] == ["ddp-gloo · torchrun", "horovod · mpirun"]
+    assert [s["name"] for s in entry["slower"]] == ["horovod · horovodrun"]
+    assert entry["claim"] == (
+        "mlp, 2 processes: fastest ddp-gloo · torchrun = horovod · mpirun; slower: horovod · horovodrun"
+    )
+    assert "no significant difference from" in entry["text"] and "faster than horovod · horovodrun" in entry["text"]
+    assert "communication 40% [35%–45%] of its step" in entry["text"]
+
+
+@pytest.mark.parametrize(
+    "paired, control, direct, verdict",
+    [
+        ((0.002, -0.003, 0.008), (0.0, -0.01, 0.01), (0.001, 0.002), "yes"),
+        ((0.05, 0.03, 0.07), (0.0, -0.01, 0.01), (0.001, 0.002), "no"),  # beyond its own code: still no
+        ((0.0, -0.04, 0.04), (0.0, -0.04, 0.04), (0.001, 0.004), "yes"),  # paired straddles, direct decides
+        ((0.0, -0.04, 0.04), (0.0, -0.04, 0.04), (0.005, 0.03), "unresolved"),
+        ((0.0, -0.04, 0.04), (0.0, -0.04, 0.04), (0.02, 0.03), "no"),  # its own code alone costs 2%
+        ((0.002, -0.003, 0.008), (0.03, 0.02, 0.05), (None, None), "unresolved"),  # the control saw a ghost
+        ((0.002, -0.003, 0.008), (0.03, 0.02, 0.05), (0.001, 0.002), "yes"),
+    ],
+)
+def test_overhead_verdict_decision_table(paired, control, direct, verdict):
+    assert overhead_verdict(paired, control, direct).split(":")[0] == verdict
+
+
+def test_cells_show_their_intervals_and_the_noisy_mark():
+    row = {"step_ms_median": 9.08, "step_ms_median_low": 8.8, "step_ms_median_high": 9.44, "noisy": "no"}
+    assert format_cell("step_ms_median", row) == "9.08 ±4.0%"
+    row.update(step_ms_median_high=11.0, noisy="step")
+    assert format_cell("step_ms_median", row) == "9.08 ±21% noisy"
+    comm = {"comm_overhead": 0.421, "comm_overhead_low": 0.38, "comm_overhead_high": 0.473}
+    assert format_cell("comm_overhead", comm) == "42.1% [38.0–47.3]"
+    assert (
+        format_cell(
+            "paired_overhead", {"paired_overhead": 0.002, "paired_overhead_low": -0.004, "paired_overhead_high": 0.008}
+        )
+        == "+0.20% [-0.40, +0.80]"
+    )
+    assert format_cell("samples_per_s", {"samples_per_s": 12.0}) == "12"
+
+
+def _results(step, low, high, claims):
+    row = {
+        **_row("ddp-gloo", "torchrun"),
+        "step_ms_median": step,
+        "step_ms_median_low": low,
+        "step_ms_median_high": high,
+        "samples_per_s": 1000 / step,
+        "samples_per_s_low": 1000 / high,
+        "samples_per_s_high": 1000 / low,
+    }
+    return {"tables": {"training": [row]}, "verdict": [{"claim": c} for c in claims]}
+
+
+def test_two_runs_agree_when_medians_sit_in_each_others_intervals_and_claims_match():
+    a = _results(10.0, 9.5, 10.6, ["x: fastest A"])
+    assert compare_runs(a, _results(10.2, 9.8, 10.9, ["x: fastest A"]))["agree"]
+    assert not compare_runs(a, _results(11.0, 10.7, 11.4, ["x: fastest A"]))["agree"]  # 11.0 outside A's
+    differ = compare_runs(a, _results(10.2, 9.8, 10.9, ["x: fastest B"]))
+    assert not differ["agree"] and differ["claims"]["only_a"] == ["x: fastest A"]
