@@ -21,6 +21,7 @@ from ..errors import ConfigurationError, MissingDependencyError
 
 __all__ = [
     "find_tool",
+    "start_group",
     "LAUNCHER_NAMES",
     "launch_command",
     "run_launch",
@@ -172,6 +173,15 @@ class LaunchResult:
         return self.returncode == 0 and not self.timed_out
 
 
+def start_group(command: Sequence[str], env: Optional[Mapping[str, Optional[str]]], cwd: Optional[str], **streams):
+    """Start `command` as the leader of a new process group (so that kill_tree ends all it starts).
+
+    `env` is added to this process's environment; a key whose value is None is removed.
+    """
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    return subprocess.Popen(list(command), text=True, env=full_env, cwd=cwd, start_new_session=True, **streams)
+
+
 def run_launch(
     command: Sequence[str],
     timeout: Optional[float],
@@ -185,18 +195,9 @@ def run_launch(
     `capture=False` lets the output through to this process's own (stdout and stderr of the
     result are then empty); `timeout=None` waits for as long as the command runs.
     """
-    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     start = time.monotonic()
     pipe = subprocess.PIPE if capture else None
-    proc = subprocess.Popen(
-        list(command),
-        stdout=pipe,
-        stderr=pipe,
-        text=True,
-        env=full_env,
-        cwd=cwd,
-        start_new_session=True,
-    )
+    proc = start_group(command, env, cwd, stdout=pipe, stderr=pipe)
     timed_out = False
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -43,19 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--max-warmup", type=float, default=1.5, help="seconds of warm-up steps, at most (default: 1.5)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per window, at least (default: 20)")
-    p.add_argument(
-        "--min-window",
-        type=float,
-        default=0.5,
-        help="seconds each timed window lasts, at least: short steps get more of them (default: 0.5)",
-    )
+    p.add_argument("--min-window", type=float, default=0.5, help="seconds per timed window, at least (default: 0.5)")
     p.add_argument("--repeat", type=int, default=3, help="independent launches of every training cell (default: 3)")
-    p.add_argument(
-        "--noisy",
-        type=float,
-        default=0.10,
-        help="mark a figure noisy when its 95%% interval reaches further than this fraction (default: 0.10)",
-    )
+    p.add_argument("--noisy", type=float, default=0.10, help="noisy mark: 95%% interval wider than this (default: 0.1)")
     p.add_argument("--no-aa-check", dest="aa_check", action="store_false", help="skip the A/A noise-floor launches")
     p.add_argument(
         "--pin",

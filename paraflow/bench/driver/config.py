@@ -8,16 +8,8 @@ from typing import Optional
 
 from ...errors import ConfigurationError
 
-__all__ = [
-    "ModelSpec",
-    "BenchConfig",
-    "parse_size",
-    "message_sizes",
-    "DEFAULT_MODELS",
-    "COLLECTIVES",
-    "DTYPES",
-    "UNITS",
-]
+__all__ = ["ModelSpec", "BenchConfig", "parse_size", "message_sizes"]
+__all__ += ["DEFAULT_MODELS", "COLLECTIVES", "DTYPES", "UNITS"]
 
 #: Defaults that cover both regimes: a wide MLP sends one large gradient message (4.5 MB) per
 #: step; the CNN (0.08 MB) and the transformer (0.4 MB over ~30 tensors) send small ones.

@@ -147,25 +147,23 @@ def timed_steps(warm_step_s: list, min_steps: int, min_window_s: float) -> int:
     return int(max(min_steps, min(MAX_STEPS, math.ceil(min_window_s / max(typical, 1e-6)))))
 
 
-def run_training(
-    backend,
-    spec: ModelSpec,
-    data: str,
-    batch_size: int,
-    warmup: int,
-    steps: int,
-    seed: int,
-    min_window_s: float = 0.0,
-    scaling: str = "weak",
-    max_warmup_s: float = 2.0,
-) -> dict:
-    """Time the steps of `spec` under `backend` after a warm-up of at least `warmup` steps; this rank's numbers.
+def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> dict:
+    """Time the steps of `spec` under `backend` after a warm-up; this rank's numbers.
 
-    `scaling` "weak" gives every rank `batch_size` samples per step; "strong" splits a global
-    batch of `batch_size` over the ranks. Warm-up runs until step times settle (warmup.py). The
-    timed window has at least `steps` steps and lasts at least about `min_window_s`; then, for
-    multi-process backends, half as many pairs of steps with and without gradient sync.
+    `settings` carries the worker's arguments: data, batch_size, warmup (steps, at least),
+    max_warmup (seconds), steps, min_window (seconds), seed. `scaling` "weak" gives every rank
+    `batch_size` samples per step; "strong" splits a global batch of `batch_size` over the
+    ranks. Warm-up runs until step times settle (warmup.py). The timed window has at least
+    `steps` steps and lasts at least about `min_window`; then, for multi-process backends, half
+    as many pairs of steps with and without gradient sync.
     """
+    data, batch_size, seed = settings.data, settings.batch_size, settings.seed
+    warmup, steps, min_window_s, max_warmup_s = (
+        settings.warmup,
+        settings.steps,
+        settings.min_window,
+        settings.max_warmup,
+    )
     device = backend.device
     if scaling == "strong":
         if batch_size % backend.world_size:

@@ -155,18 +155,7 @@ def main(argv=None) -> int:
             for scaling in args.scaling.split(","):
                 if scaling == "strong" and backend.world_size == 1:
                     continue  # one process: the same run as weak scaling
-                result = run_training(
-                    backend,
-                    spec,
-                    args.data,
-                    args.batch_size,
-                    args.warmup,
-                    args.steps,
-                    args.seed,
-                    args.min_window,
-                    scaling,
-                    args.max_warmup,
-                )
+                result = run_training(backend, spec, args, scaling)
                 rank_file.add(f"{TASKS[scaling]}/{spec}", result)
         if args.sweep_sizes:
             from ...core.registry import spec as registered

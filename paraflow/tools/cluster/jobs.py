@@ -9,14 +9,13 @@ in the cluster's namespaces.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from ..launch import LaunchResult, kill_tree
+from ..launch import LaunchResult, kill_tree, start_group
 from ..multihost import HostCommand, host_commands
 from . import netns
 from .cluster import IFNAME, Cluster
@@ -82,18 +81,9 @@ class ClusterJob:
         self.started = time.monotonic()
         self._procs: list[tuple[subprocess.Popen, object, object]] = []
         for command in self.commands:
-            merged = {**os.environ, **(env or {}), **command.env}
-            full_env = {k: v for k, v in merged.items() if v is not None}
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-            proc = subprocess.Popen(
-                exec_argv(cluster, command.host, command.argv),
-                stdout=out,
-                stderr=err,
-                text=True,
-                env=full_env,
-                cwd=cwd,
-                start_new_session=True,
-            )
+            argv = exec_argv(cluster, command.host, command.argv)
+            proc = start_group(argv, {**(env or {}), **command.env}, cwd, stdout=out, stderr=err)
             self._procs.append((proc, out, err))
 
     def poll(self) -> bool:
