@@ -106,6 +106,14 @@ class FSDPBackend(TorchDistributedBackend):
             return "torch.distributed.checkpoint needs NumPy: pip install 'paraflow[fsdp]' (or pip install numpy)"
         return None
 
+    @classmethod
+    def raw_loop(cls, process_group: str = "auto", **_: Any):
+        """fully_shard set up by hand, sharding the same blocks (see raw_loop.py)."""
+        from ..torch_distributed import _transport
+        from .raw_loop import RawFSDP
+
+        return RawFSDP(_transport(process_group))
+
     # ---------------------------------------------------------------- model and optimizer
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Move `model` to this rank's device, copy rank 0's weights, shard each block, then the root.
