@@ -6,7 +6,7 @@ from reliability.faultkit import events
 
 LAUNCHES = [
     pytest.param("single", "python", 1, id="single"),
-    pytest.param("dp", "python", 1, id="dp"),
+    pytest.param("dp", "python", 1, id="dp", marks=pytest.mark.soak),  # single's collectives, another wrapper
     pytest.param("ddp-gloo", "torchrun", 2, id="ddp-gloo-torchrun"),
     pytest.param("horovod", "mpirun", 2, id="horovod-mpirun", marks=requires_horovod),
     # The same check as under mpirun (the controller plays no part); kept out of the default run.
