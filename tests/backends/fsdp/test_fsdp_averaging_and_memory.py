@@ -67,6 +67,7 @@ def test_training_table_shows_model_state_next_to_peak_memory():
     def cell(backend, tasks):
         ranks = [{"rank": r, "device": "cpu", "tasks": {"train/mlp": t}} for r, t in enumerate(tasks)]
         return {"kind": "train", "backend": backend, "launcher": "torchrun", "nproc": len(tasks), "threads": 1} | {
+            "id": f"{backend}-torchrun-{len(tasks)}",
             "models": ["mlp"],
             "status": "ok",
             "ranks": ranks,
