@@ -148,14 +148,15 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
             torch.set_num_threads(threads_per_process(self.num_threads, self.local_world_size))
         apply_mpi_yield(self.env, torch.get_num_threads(), cores())  # before anything starts MPI
         self._init()
+        self._initialized = True  # the stall watch's set-up broadcasts through this backend (horovod)
         try:
             self._stall = start_stall_watch(self)
         except BaseException:
+            self._initialized = False
             self._shutdown()
             raise
         if self.env.is_mpi or (self.env.launcher == "horovodrun" and self.world_size > 1):
             abort_mpi_job_on_uncaught_error(mpi_launcher=self.env.is_mpi)
-        self._initialized = True
         set_current(self)
         if self.banner:
             print_banner(self)
