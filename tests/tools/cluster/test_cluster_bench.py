@@ -22,6 +22,8 @@ def test_bench_on_two_hosts_with_shaped_links(tmp_path):
         warmup=1,
         steps=2,
         min_window=0,
+        repeat=1,
+        aa_check=False,
         sizes=[4096],
         plots=False,
         out=str(tmp_path),
@@ -29,10 +31,9 @@ def test_bench_on_two_hosts_with_shaped_links(tmp_path):
         bandwidth="1gbit",
     )
     results = run_bench(config, progress=False)
-    assert [(c["backend"], c["nproc"], c["status"]) for c in results["cells"] if c["kind"] == "train"] == [
-        ("single", 1, "ok"),
-        ("ddp-gloo", 2, "ok"),
-    ], [c["error"] for c in results["cells"]]
+    assert all(c["status"] == "ok" for c in results["cells"]), [c["error"] for c in results["cells"]]
+    trained = {(c["backend"], c["nproc"]) for c in results["cells"] if c["kind"] == "train"}
+    assert trained == {("single", 1), ("ddp-gloo", 2)}
     assert results["header"]["cluster"]["bandwidth"] == "1gbit"
     assert "1gbit both ways" in (tmp_path / "results.md").read_text()
     ddp = next(c for c in results["cells"] if c["backend"] == "ddp-gloo")
