@@ -64,7 +64,7 @@ def run(tmp_path_factory):
         str(out),
     ]
     env = {**RANK_ENV, "PARAFLOW_BACKEND": None, "RANK": None, "WORLD_SIZE": None}
-    result = run_launch(cmd, timeout=420, env=env, cwd=str(ROOT))
+    result = run_launch(cmd, timeout=540, env=env, cwd=str(ROOT))  # 14 launches with fsdp
     assert not result.timed_out and result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     return {
         "out": out,
@@ -82,11 +82,20 @@ def expected_cells(names: list) -> set:
             continue
         launchers = ("mpirun", "horovodrun") if name == "horovod" else ("torchrun",)
         cells |= {f"{name}-{launcher}-{n}" for launcher in launchers for n in (1, 2)}
-        cells.add(f"overhead-{name}-{'mpirun' if name == 'horovod' else 'torchrun'}-2")
+        if has_raw_loop(name):
+            cells.add(f"overhead-{name}-{'mpirun' if name == 'horovod' else 'torchrun'}-2")
     return cells
 
 
-@pytest.mark.timeout(480)
+def has_raw_loop(name: str) -> bool:
+    """Whether the backend has a hand-written loop, hence an abstraction-overhead cell."""
+    from paraflow.core.registry import spec
+
+    registration = spec(name)
+    return registration.load().raw_loop(**registration.presets) is not None
+
+
+@pytest.mark.timeout(600)
 def test_every_cell_ran_and_every_column_is_filled(run):
     results, names = run["results"], run["names"]
     assert {"single", "ddp-gloo"} <= set(names)
@@ -115,11 +124,11 @@ def test_every_cell_ran_and_every_column_is_filled(run):
     assert all(r["wrong"] == 0 and r["memcpy_gbps"] > 0 and r["busbw_gbps"] > 0 for r in allreduce)
     assert all(f["avg_busbw_gbps"] > 0 for f in results["tables"]["allreduce_footer"])
     overhead = results["tables"]["overhead"]
-    assert {r["backend"] for r in overhead} == {n for n in names if n in ("ddp-gloo", "horovod")}
+    assert {r["backend"] for r in overhead} == {n for n in names if has_raw_loop(n)} >= {"ddp-gloo"}
     assert all(r["abstraction_overhead"] is not None and r["pairs"] == 2 for r in overhead)
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(600)
 def test_terminal_shows_progress_header_and_every_table(run):
     out, results = run["stdout"], run["results"]
     total = len(results["cells"])
@@ -149,7 +158,7 @@ def test_terminal_shows_progress_header_and_every_table(run):
         assert f"Training: {label}" in out
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(600)
 def test_tables_rebuild_from_the_raw_per_rank_numbers(run):
     results, out = run["results"], run["out"]
     assert build_tables(results["cells"], results["header"]) == results["tables"]
@@ -172,7 +181,7 @@ def same(text: str, value) -> bool:
     return text == str(value)
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(600)
 def test_csv_files_hold_the_json_tables_under_the_header(run):
     results, out = run["results"], run["out"]
     for name, (key, columns) in CSV_TABLES.items():
@@ -213,7 +222,7 @@ def markdown_tables(text: str) -> dict:
     return tables
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(600)
 def test_markdown_shows_the_same_values_and_the_plots(run):
     results, out = run["results"], run["out"]
     text = (out / "results.md").read_text()
@@ -241,7 +250,7 @@ def test_markdown_shows_the_same_values_and_the_plots(run):
         assert f"![{plot}]({plot})" in text
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(600)
 def test_plots_are_real_pngs(run):
     import matplotlib.image
 
