@@ -256,11 +256,12 @@ class FSDPBackend(TorchDistributedBackend):
             self._mesh = init_device_mesh(self.device.type, (self.world_size,))
         return self._mesh
 
-    def _before_destroy(self) -> None:
+    def _shutdown(self) -> None:
         try:
-            self._checkpointer.wait()  # an asynchronous save still writing needs the process group
+            self._checkpointer.close()  # an asynchronous save still writing needs the process group
         finally:
             self._mesh = None
+            super()._shutdown()
 
 
 @contextlib.contextmanager

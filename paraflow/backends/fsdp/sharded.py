@@ -133,8 +133,8 @@ class ShardedCheckpointer:
             return
         try:
             dcp.save(sharded, checkpoint_id=directory)
-        except Exception as exc:  # DCP gathers every rank's failure, so all ranks raise together
-            raise CheckpointError(f"could not write sharded checkpoint {directory}: {exc}{_PREVIOUS}") from exc
+        except _failures() as exc:  # DCP gathers every rank's failure, so all ranks raise together
+            raise CheckpointError(f"could not write sharded checkpoint {directory}: {_cause(exc)}{_PREVIOUS}") from exc
         error: Optional[BaseException] = None
         if b.is_main:
             try:
@@ -167,8 +167,15 @@ class ShardedCheckpointer:
             return
         try:
             pending.result()
-        except Exception as exc:
-            raise CheckpointError(f"the asynchronous sharded save failed: {exc}{_PREVIOUS}") from exc
+        except _failures() as exc:
+            raise CheckpointError(f"the asynchronous sharded save failed: {_cause(exc)}{_PREVIOUS}") from exc
+
+    def close(self) -> None:
+        """At shutdown: finish the save in flight; the next session makes its own checkpoint group."""
+        try:
+            self.wait()
+        finally:
+            self._group = None
 
     # ----------------------------------------------------------------- load
     def load(self, path: str, state: Optional[MutableMapping[str, Any]]) -> dict:
@@ -197,8 +204,8 @@ class ShardedCheckpointer:
         try:
             dcp.load(targets, checkpoint_id=directory)
             self._restore_sharded(state, targets, kinds)
-        except Exception as exc:
-            raise ConfigurationError(f"sharded checkpoint {path} does not fit this state: {exc}") from exc
+        except _failures() as exc:
+            raise ConfigurationError(f"sharded checkpoint {path} does not fit this state: {_cause(exc)}") from exc
         others = {k: v for k, v in state.items() if k not in kinds}
         rest = restore_state(b, others, saved, path)
         state.update(others)  # plain entries (epoch, step) were replaced in `others`
@@ -248,3 +255,18 @@ class ShardedCheckpointer:
 
 
 _PREVIOUS = "; the previously committed checkpoint, if any, is intact"
+
+
+def _failures() -> tuple:
+    """What a DCP call raises when it fails: its CheckpointException is a BaseException."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def _cause(exc: BaseException) -> str:
+    """One line per failed rank for DCP's CheckpointException (whose text is every traceback)."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict):
+        return str(exc)
+    return "; ".join(f"rank {rank}: {type(e).__name__}: {e}" for rank, (e, _) in sorted(failures.items()))

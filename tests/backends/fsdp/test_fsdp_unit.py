@@ -245,3 +245,26 @@ def test_a_sharded_directory_given_to_a_full_checkpoint_backend_says_what_to_do(
     with paraflow.init("single", num_threads=1) as single:
         with pytest.raises(CheckpointError, match="sharded checkpoint .* --backend fsdp .* --export"):
             single.load(str(tmp_path / "ckpt"))
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["save", "async_save"])
+def test_a_failed_save_is_reported_and_keeps_the_committed_one(tmp_path, monkeypatch, asynchronous):
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    with paraflow.init("fsdp", num_threads=1, async_save=asynchronous) as b:
+        model = b.wrap_model(build_model("mlp", width=16))
+        path = tmp_path / "ckpt"
+        b.save(str(path), {"model": model})
+        b.wait_for_checkpoint()
+        committed = (path / "current").read_text()
+
+        def full_disk(self, plan, planner):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(FileSystemWriter, "write_data", full_disk)
+        with pytest.raises(CheckpointError, match="rank 0: OSError: .*No space left on device; the previously"):
+            b.save(str(path), {"model": model})  # asynchronous: returns, the write fails in the background
+            b.wait_for_checkpoint()
+        assert (path / "current").read_text() == committed
+        monkeypatch.undo()
+        b.load(str(path), {"model": model})
