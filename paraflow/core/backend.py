@@ -104,6 +104,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self.env: Optional[ProcessEnvironment] = None
         self.device = torch.device("cpu")
         self._initialized = False
+        self._connected = False  # from the end of _init() to shutdown: collectives may run (also inside init)
         self._leaving_on_error = False  # then shutdown skips its final barrier: others may be elsewhere
 
     # ---------------------------------------------------------------- what tools ask the class
@@ -148,15 +149,16 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
             torch.set_num_threads(threads_per_process(self.num_threads, self.local_world_size))
         apply_mpi_yield(self.env, torch.get_num_threads(), cores())  # before anything starts MPI
         self._init()
-        self._initialized = True  # the stall watch's start-up is a collective of its own
+        self._connected = True
         try:
             self._stall = start_stall_watch(self)
         except BaseException:
-            self._initialized = False
+            self._connected = False
             self._shutdown()
             raise
         if self.env.is_mpi or (self.env.launcher == "horovodrun" and self.world_size > 1):
             abort_mpi_job_on_uncaught_error(mpi_launcher=self.env.is_mpi)
+        self._initialized = True
         set_current(self)
         if self.banner:
             print_banner(self)
@@ -166,7 +168,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     def shutdown(self) -> None:
         """Leave the job and release communication resources; safe to call twice."""
         if self._initialized:
-            self._initialized = False
+            self._initialized = self._connected = False
             clear_current(self)
             if self._stall is not None:
                 self._stall.stop()
@@ -276,8 +278,8 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         return self.env
 
     def _live(self) -> None:
-        """Raise NotInitializedError unless the backend is initialised (and not shut down)."""
-        if not self._initialized:
+        """Raise NotInitializedError unless communication has started and the backend is not shut down."""
+        if not self._connected:
             raise self._not_initialized()
 
     def _not_initialized(self) -> NotInitializedError:

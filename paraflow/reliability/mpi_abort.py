@@ -13,7 +13,8 @@ So a rank that leaves on an error (uncaught exception, or ``sys.exit(code)`` out
 ``with paraflow.init()``) ends at once under MPI with ``MPI_Abort`` after its traceback (the
 summary then names it), and a rank whose error says it lost a peer waits up to
 :data:`PEER_LOST_GRACE_S` for the launcher to end the job and name the rank that failed first,
-before it leaves itself.
+before it prints its own traceback and leaves: that traceback, printed after the launcher's
+summary, would otherwise be the job's last words, naming the lost rank but not why it failed.
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ def _wait_for_the_launcher(grace: float) -> None:
 def abort_mpi_job_on_uncaught_error(mpi_launcher: bool = True, grace: float = PEER_LOST_GRACE_S) -> None:
     """Make an uncaught exception end this rank's part in the job the way described above.
 
-    Once its traceback is printed: a rank that lost a peer first waits up to `grace` seconds for
-    the launcher; then, under MPI (when mpi4py started it), the whole job is aborted instead of
-    waiting in MPI_Finalize. Safe to call more than once.
+    A rank that lost a peer first waits up to `grace` seconds for the launcher (which normally
+    ends it meanwhile); then the traceback is printed and, under MPI (when mpi4py started it), the
+    whole job is aborted instead of waiting in MPI_Finalize. Safe to call more than once.
 
     Args:
         mpi_launcher: whether an MPI launcher started this process (else only the wait applies).
@@ -92,11 +93,13 @@ def abort_mpi_job_on_uncaught_error(mpi_launcher: bool = True, grace: float = PE
         return
 
     def excepthook(kind, value, traceback) -> None:
-        previous(kind, value, traceback)
         sys.stdout.flush()
         sys.stderr.flush()
         if lost_a_peer(value):
             _wait_for_the_launcher(grace)
+        previous(kind, value, traceback)
+        sys.stdout.flush()
+        sys.stderr.flush()
         mpi = _mpi() if mpi_launcher else None
         if mpi is not None:
             mpi.COMM_WORLD.Abort(1)
