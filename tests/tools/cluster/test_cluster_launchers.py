@@ -11,6 +11,7 @@ from conftest import read_rank_json, requires_horovod
 pytestmark = pytest.mark.cluster
 LAUNCHES = [
     pytest.param("torchrun", "ddp-gloo", "torchrun", id="torchrun-ddp-gloo"),
+    pytest.param("torchrun", "fsdp", "torchrun", id="torchrun-fsdp"),
     pytest.param("mpirun", "ddp-gloo", "openmpi", id="mpirun-ddp-gloo"),
     pytest.param("horovodrun", "horovod", "horovodrun", id="horovodrun-horovod", marks=requires_horovod),
     pytest.param("mpirun", "horovod", "openmpi", id="mpirun-horovod", marks=requires_horovod),

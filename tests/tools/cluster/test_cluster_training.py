@@ -13,6 +13,7 @@ from conftest import WORKERS, launch_ok, requires_horovod
 pytestmark = pytest.mark.cluster
 LAYOUTS = [
     pytest.param("ddp-gloo", "torchrun", id="ddp-gloo-torchrun"),
+    pytest.param("fsdp", "torchrun", id="fsdp-torchrun"),
     pytest.param("horovod", "mpirun", id="horovod-mpirun", marks=requires_horovod),  # MPI controller
     pytest.param("horovod", "horovodrun", id="horovod-horovodrun", marks=requires_horovod),  # gloo controller
 ]
