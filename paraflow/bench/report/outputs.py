@@ -65,8 +65,8 @@ DEFINITIONS = [
     "step without sync runs forward and backward under backend.no_sync and a local optimizer update "
     "(horovod's inside optimizer.skip_synchronize(), since its step() would reduce the skipped gradients).",
     "peak mem: peak resident set size of the process on CPU (max over ranks), torch's peak allocated memory on CUDA.",
-    "final loss: the loss of timed step number --steps, mean over ranks: rows with the same process count start "
-    "from the same seed and data, so their losses should agree.",
+    "loss at step --warmup: the loss after --warmup steps, mean over ranks: every launch runs at least those from "
+    "the same seed and data, so rows with the same process count should agree.",
     "sweep: nccl-tests style; per size the raw library's call and paraflow's public call (allreduce_, "
     "broadcast_ in place, allgather returning a list) alternate in blocks; time = median over blocks of the "
     "slowest rank's mean per operation; algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n "
