@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A short GPU benchmark (under 5 minutes) for a machine with NVIDIA GPUs and a CUDA build of torch:
 # single, dp, ddp-nccl and horovod (when built with NCCL) at 1 process and one per GPU, every
-# model, the allreduce sweep up to 256 MB next to the GPU's own copy bandwidth, and the
-# abstraction overhead against raw DDP over NCCL. The CPU transports are left to `make bench`.
+# model (2 launches per cell), the allreduce sweep up to 256 MB next to the GPU's own copy
+# bandwidth, and the abstraction overhead against raw DDP over NCCL. The CPU transports are left
+# to `make bench`.
 #
 # Usage: benchmarks/gpu.sh [OUT] [extra paraflow-bench options]   (default OUT: bench-results-gpu)
 # Python: $PYTHON, else .venv/bin/python, else python3.
@@ -41,4 +42,4 @@ echo "GPUs: $GPUS; backends: single,$BACKENDS; process counts: $NPROCS; results:
 # Wider models than the CPU defaults so the GPU has work; each launch may take 90 s at most.
 exec timeout --signal=INT 290 "$PY" benchmarks/run.py --out "$OUT" --backends "$BACKENDS" --nprocs "$NPROCS" \
     --models mlp:width=4096 cnn:width=64 transformer:width=256,depth=4 \
-    --batch-size 256 --max-bytes 256M --min-window 1 --timeout 90 "$@"
+    --batch-size 256 --max-bytes 256M --min-window 0.5 --repeat 2 --timeout 90 "$@"

@@ -60,6 +60,8 @@ def run(tmp_path_factory):
         "6",
         "--pin",
         "on",
+        "--scaling",
+        "weak,strong",
         "--timeout",
         "120",
         "--out",
@@ -86,17 +88,27 @@ def test_every_cell_ran_and_every_column_is_filled(run):
     assert {c["id"] for c in results["cells"]} == EXPECTED_CELLS
     assert all(c["status"] == "ok" for c in results["cells"]), [c["error"] for c in results["cells"]]
     training = results["tables"]["training"]
-    assert len(training) == 2 * len(MODELS)
+    assert len(training) == 2 * len(MODELS) * 2  # single and ddp-gloo, weak and strong scaling
     for row in training:
         assert set(TRAINING_COLUMNS) <= set(row) and row["status"] == "ok" and row["model"] in LABELS
-        optional = {"comm_overhead", "speedup"} if row["backend"] == "single" else {"speedup"}
+        optional = {"comm_overhead"} if row["backend"] == "single" else set()
+        optional |= {"speedup"} if row["scaling"] == "weak" else set()
         assert all(row[k] is not None for k in TRAINING_COLUMNS if k not in optional), row
         assert row["launches"] == REPEAT and row["global_batch"] == row["batch_per_rank"] * row["processes"]
+        assert row["global_batch"] == (32 if row["scaling"] == "strong" else 32 * row["processes"])
         for key in ("step_ms_median", "samples_per_s", "scaling_efficiency"):
             assert row[f"{key}_low"] <= row[key] <= row[f"{key}_high"], (key, row)
-    for label in LABELS:  # same seed, data and step: the backends train the same way
-        losses = {r["backend"]: r["final_loss"] for r in training if r["model"] == label}
-        assert len(losses) == 2
+    # same seed, data and step: every launch of a cell reaches the same loss after --warmup steps,
+    # however long its warm-up then ran
+    for cell_id in ("single-python-1", "ddp-gloo-torchrun-2"):
+        for spec in MODELS:
+            for r in range(int(cell_id[-1])):  # each rank's own loss, launch after launch
+                losses = [
+                    c["ranks"][r]["tasks"][f"train/{spec}"]["warmup_losses"][0]
+                    for c in results["cells"]
+                    if c["group"] == cell_id
+                ]
+                assert len(losses) == REPEAT and max(losses) - min(losses) <= 1e-5, (cell_id, r, losses)
     assert results["header"]["noise_floor"]["spread"] is not None
     assert "pinned to cores of its own" in results["header"]["binding"]
     sweep = results["tables"]["sweep"]
@@ -144,7 +156,7 @@ def test_terminal_shows_progress_header_tables_and_verdict(run):
     assert out.count("# Avg bus bandwidth") == len(results["tables"]["sweep_footer"])
     assert "Verdict:" in out and all(v["text"] in out for v in results["verdict"])
     for label in LABELS:
-        assert f"Training: {label}, weak scaling" in out
+        assert f"Training: {label}, weak scaling" in out and f"Training: {label}, strong scaling" in out
 
 
 @pytest.mark.timeout(480)
@@ -156,6 +168,7 @@ def test_tables_rebuild_from_the_raw_per_rank_numbers(run):
         for r in range(cell["nproc"]):
             assert json.loads((out / "raw" / cell["id"] / f"rank{r}.json").read_text()) == cell["ranks"][r]
     ddp2 = next(c for c in results["cells"] if c["id"] == "ddp-gloo-torchrun-2-r1")
+    assert ddp2["ranks"][0]["tasks"]["train-strong/mlp:width=16"]["batch_per_rank"] == 16  # 32 split over 2
     per_rank = ddp2["ranks"][0]["tasks"]["train/mlp:width=16"]
     assert len(per_rank["step_s"]) == per_rank["steps"] == 2 and "no_sync_step_s" in per_rank
     assert per_rank["warmup"] >= 1 and "warmup_settled" in per_rank
@@ -226,7 +239,7 @@ def test_markdown_shows_the_same_values_and_the_plots(run):
     for label in LABELS:
         title = next(t for t in tables if t.startswith(f"Training: {label}, weak scaling "))
         names, body = tables[title]
-        rows = [r for r in results["tables"]["training"] if r["model"] == label]
+        rows = [r for r in results["tables"]["training"] if r["model"] == label and r["scaling"] == "weak"]
         assert len(body) == len(rows)
         for cells, row in zip(body, rows):
             assert cells == [format_cell(headers[h], row) for h in names]
@@ -259,7 +272,11 @@ def test_plots_are_real_pngs_with_error_bars_from_the_intervals(run):
         assert width >= 800 and height >= 400
     tables, header = run["results"]["tables"], run["results"]["header"]
     for fig, rows, key in (
-        (throughput_figure(tables["training"], header), tables["training"], "samples_per_s"),
+        (
+            throughput_figure(tables["training"], header),
+            [r for r in tables["training"] if r["scaling"] == "weak"],  # the figure shows weak scaling
+            "samples_per_s",
+        ),
         (busbw_figure(tables["sweep"], tables["memcpy"], header, "GB/s"), tables["sweep"], "busbw"),
     ):
         bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]

@@ -129,3 +129,19 @@ def test_profiling_a_real_step_restores_everything():
     assert result["profiled_steps"] == 1 and len(result["late_wait_s"]) == 1
     assert result["own_python_s"][0] == 0.0 and result["waiting_python_s"][0] > 0  # the polling loop: inside a wait
     assert deadlines.wait_until is original and sys.getprofile() is None
+
+
+def test_overhead_rounds_fit_the_time_budget_on_the_slowest_rank():
+    import torch
+
+    from paraflow.bench.rank.overhead import MIN_ROUNDS, rounds_within
+
+    class Backend:  # the other rank's round took 0.2 s
+        def allreduce(self, tensor, op):
+            assert op == "max"
+            return torch.maximum(tensor, torch.tensor([0.2], dtype=torch.float64))
+
+    assert rounds_within(Backend(), 240, 0.05, 20.0) == 100  # 20 s / 0.2 s, not 20 s / 0.05 s
+    assert rounds_within(Backend(), 240, 0.05, 100.0) == 240  # never more than asked
+    assert rounds_within(Backend(), 240, 0.05, 1.0) == MIN_ROUNDS  # never fewer than 20 blocks of 3
+    assert rounds_within(Backend(), 6, 0.05, 1.0) == 6  # unless fewer were asked

@@ -88,6 +88,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=240,
         help="paraflow/raw/control step rounds for the abstraction overhead (default: 240)",
     )
+    p.add_argument(
+        "--overhead-seconds",
+        type=float,
+        default=20.0,
+        help="fewer overhead rounds when they would take longer than this, at least 60 (default: 20)",
+    )
     p.add_argument("--overhead-model", default=None, help="model for the abstraction overhead (default: first)")
     p.add_argument(
         "--launchers",
@@ -155,6 +161,7 @@ def config_from_args(args: argparse.Namespace):
         sweep_rounds=args.sweep_rounds,
         sizes=message_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor),
         overhead_steps=args.overhead_steps,
+        overhead_seconds=args.overhead_seconds,
         overhead_model=args.overhead_model,
         launchers=args.launchers,
         timeout=args.timeout,

@@ -130,6 +130,7 @@ class BenchConfig:
         sweep_rounds: alternating raw / paraflow blocks per sweep size (each block about a quarter
             of the bytes a size moves).
         overhead_steps: paraflow/raw/control step rounds for the abstraction overhead.
+        overhead_seconds: fewer rounds when they would take longer than about this (at least 60).
         overhead_model: model for the abstraction overhead (default: the first of models).
         launchers: restrict to these launchers (None: each backend's own).
         timeout: seconds each launch may take before its whole process group is killed.
@@ -164,6 +165,7 @@ class BenchConfig:
     units: str = "GB/s"
     sweep_rounds: int = 4
     overhead_steps: int = 240
+    overhead_seconds: float = 20.0
     overhead_model: Optional[ModelSpec] = None
     launchers: Optional[list] = None
     timeout: float = 150.0

@@ -98,7 +98,14 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
         str(config.seed),
     ]
     if cell.kind == "overhead":
-        return args + ["--steps", str(config.overhead_steps), "--overhead", str(cell.models[0])]
+        return args + [
+            "--steps",
+            str(config.overhead_steps),
+            "--max-seconds",
+            str(config.overhead_seconds),
+            "--overhead",
+            str(cell.models[0]),
+        ]
     args += ["--steps", str(config.steps), "--min-window", str(config.min_window)]
     args += ["--max-warmup", str(config.max_warmup), "--scaling", ",".join(config.scaling)]
     for spec in cell.models:

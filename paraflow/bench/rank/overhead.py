@@ -15,6 +15,7 @@ library had finished.
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 
 import torch
@@ -24,10 +25,22 @@ from ..driver.config import ModelSpec
 from .ownprofile import profile_own_code
 from .train_loop import LEARNING_RATE, device_sync, make_batches, make_step
 
-__all__ = ["run_overhead", "SIDES", "ORDERS"]
+__all__ = ["run_overhead", "rounds_within", "SIDES", "ORDERS", "MIN_ROUNDS"]
 
 SIDES = ("paraflow", "raw", "control")
 ORDERS = list(itertools.permutations(SIDES))  # each side first, second and last equally often
+
+
+#: Fewest rounds a time budget may leave: 20 blocks of 3.
+MIN_ROUNDS = 60
+
+
+def rounds_within(backend, asked: int, round_s: float, max_seconds: float) -> int:
+    """Rounds to run: `asked`, or as many as fit in `max_seconds` at the slowest rank's `round_s`
+    (never fewer than MIN_ROUNDS or more than asked); the same on every rank."""
+    slowest = float(backend.allreduce(torch.tensor([round_s], dtype=torch.float64), op="max").item())
+    fit = int(max_seconds / max(slowest, 1e-6))
+    return min(asked, max(MIN_ROUNDS, fit))
 
 
 def _model(spec: ModelSpec, in_shape, classes: int, seed: int) -> torch.nn.Module:
@@ -44,8 +57,10 @@ def run_overhead(
     pairs: int,
     seed: int,
     profile_steps: int = 20,
+    max_seconds: float = 20.0,
 ) -> dict:
-    """Time `pairs` rounds of paraflow / raw / control steps of `spec`; returns this rank's numbers."""
+    """Time `pairs` rounds of paraflow / raw / control steps of `spec` (fewer when they would take
+    longer than about `max_seconds`, at least MIN_ROUNDS); returns this rank's numbers."""
     import paraflow
 
     from ...core.registry import spec as registered
@@ -79,12 +94,11 @@ def run_overhead(
             device_sync(device)
             return time.perf_counter() - t0
 
-        for _ in range(max(warmup, 10)):
-            for side in SIDES:
-                run(side)
+        warm_rounds = [sum(run(side) for side in SIDES) for _ in range(max(warmup, 10))]
+        rounds = rounds_within(backend, pairs, statistics.median(warm_rounds[len(warm_rounds) // 2 :]), max_seconds)
         backend.barrier()
         times = {side: [] for side in SIDES}
-        for i in range(pairs):
+        for i in range(rounds):
             for side in ORDERS[i % len(ORDERS)]:
                 times[side].append(run(side))
         backend.barrier()
@@ -97,7 +111,8 @@ def run_overhead(
             "library": raw.library,
             "model": spec.label,
             "model_spec": str(spec),
-            "pairs": pairs,
+            "pairs": rounds,
+            "rounds_asked": pairs,
             "warmup": max(warmup, 10),
             "paraflow_step_s": times["paraflow"],
             "raw_step_s": times["raw"],

@@ -182,9 +182,10 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
     step = make_step(model, optimizer, device)
 
-    def one_step() -> None:
-        step(*next(batches))
+    def one_step() -> float:
+        loss = step(*next(batches))
         device_sync(device)
+        return float(loss)
 
     warm = warm_up(backend, one_step, max(1, warmup), max_warmup_s)
     min_steps = steps
@@ -212,12 +213,13 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         "warmup": len(warm["warmup_s"]),
         "warmup_settled": warm["warmup_settled"],
         "warmup_s": warm["warmup_s"],
+        "warmup_losses": warm["warmup_losses"],
         "steps": steps,
         "min_window_s": min_window_s,
         "step_s": step_s,
         "window_s": window_s,
         "losses": [float(loss) for loss in losses],
-        "loss_step": min_steps,
+        "loss_step": max(1, warmup),  # the loss compared across rows: after --warmup steps, which every launch runs
         "model_state_bytes": model_state_bytes(model, optimizer),  # after a step: gradients and state exist
     }
 

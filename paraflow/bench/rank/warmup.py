@@ -33,21 +33,24 @@ def settled(times: list, window: int = WINDOW, tolerance: float = TOLERANCE) -> 
     return abs(last - before) <= tolerance * last
 
 
-def warm_up(backend, run_step: Callable[[], None], min_steps: int, max_seconds: float = MAX_SECONDS) -> dict:
-    """Run untimed steps until their times settle; returns the slowest rank's times and whether they settled.
+def warm_up(backend, run_step: Callable[[], float], min_steps: int, max_seconds: float = MAX_SECONDS) -> dict:
+    """Run untimed steps until their times settle; returns the slowest rank's times, this rank's
+    losses and whether the times settled.
 
-    `run_step` runs one step and synchronises the device. The stopping rule only reads numbers
-    every rank shares (the count and the slowest-rank times), so all ranks stop together.
+    `run_step` runs one step, synchronises the device and returns the loss. The stopping rule
+    only reads numbers every rank shares (the count and the slowest-rank times), so all ranks
+    stop together.
     """
     times: list = []
+    losses: list = []
     while True:
         start = time.perf_counter()
-        run_step()
+        losses.append(run_step())
         elapsed = time.perf_counter() - start
         if backend.world_size > 1:
             elapsed = float(backend.allreduce(torch.tensor([elapsed], dtype=torch.float64), op="max").item())
         times.append(elapsed)
         if len(times) >= min_steps and settled(times):
-            return {"warmup_s": times, "warmup_settled": True}
+            return {"warmup_s": times, "warmup_losses": losses, "warmup_settled": True}
         if len(times) >= max(min_steps, MAX_STEPS) or sum(times) >= max_seconds and len(times) >= min_steps:
-            return {"warmup_s": times, "warmup_settled": False}
+            return {"warmup_s": times, "warmup_losses": losses, "warmup_settled": False}

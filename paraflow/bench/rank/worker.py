@@ -72,6 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=30, help="timed steps (overhead: rounds), at least")
     p.add_argument("--profile-steps", type=int, default=20, help="overhead: steps under the own-code profiler")
+    p.add_argument("--max-seconds", type=float, default=20.0, help="overhead: seconds of rounds, about, at most")
     p.add_argument("--min-window", type=float, default=0.0, help="seconds the timed window lasts, at least")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -133,6 +134,7 @@ def main(argv=None) -> int:
             args.steps,
             args.seed,
             args.profile_steps,
+            args.max_seconds,
         )
         meta = {
             **_meta(pinned=pinned),

@@ -2,7 +2,8 @@
 
 Across launches (training and collective figures) the interval is a two-level (hierarchical)
 percentile bootstrap: each replicate draws the launches with replacement, then, inside each drawn
-launch, its steps with replacement, and recomputes the figure; the interval holds the middle 95%
+launch, its steps with replacement (past MAX_POINTS steps, blocks of consecutive steps), and
+recomputes the figure; the interval holds the middle 95%
 of the replicates. The point value is the median over launches of each launch's own figure, so
 one disturbed launch cannot move it much. Resampling the launches is what makes the interval say
 how far a rerun may land: steps of one launch share its start-up, its placement and the load of
@@ -32,6 +33,7 @@ __all__ = [
     "Estimate",
     "generator",
     "within_launch",
+    "blocks",
     "constant",
     "across_launches",
     "estimate",
@@ -43,7 +45,10 @@ __all__ = [
 
 CONFIDENCE = 0.95
 #: Bootstrap replicates per figure: enough for stable 2.5% / 97.5% percentiles.
-RESAMPLES = 2000
+RESAMPLES = 1000
+#: Longer runs of steps are resampled in consecutive blocks (block medians or means), which also
+#: keeps bursts of load that make neighbouring steps alike from narrowing the interval.
+MAX_POINTS = 200
 
 
 @dataclass(frozen=True)
@@ -83,18 +88,28 @@ def generator(*key) -> torch.Generator:
     return g
 
 
+def blocks(values: torch.Tensor, statistic: str, count: int = MAX_POINTS) -> torch.Tensor:
+    """`values` as `count` consecutive blocks' medians or means (unchanged when there are no more)."""
+    n = values.numel()
+    if n <= count:
+        return values
+    edges = [round(i * n / count) for i in range(count + 1)]
+    parts = [values[a:b] for a, b in zip(edges, edges[1:])]
+    return torch.stack([_median(p) if statistic == "median" else p.mean() for p in parts]).to(torch.float64)
+
+
 def within_launch(values: Sequence[float], statistic: str, gen: torch.Generator, resamples: int = RESAMPLES):
-    """(point, replicates) of the median or mean of one launch's `values`, steps drawn with replacement."""
+    """(point, replicates) of the median or mean of one launch's `values`, steps (or blocks of
+    consecutive steps, past MAX_POINTS) drawn with replacement."""
     data = torch.tensor(list(values), dtype=torch.float64)
     if data.numel() == 0:
         raise ValueError("no values to resample")
-    index = torch.randint(data.numel(), (resamples, data.numel()), generator=gen)
-    drawn = data[index]
-    if statistic == "median":
-        return _median(data), drawn.quantile(0.5, dim=1)
-    if statistic == "mean":
-        return float(data.mean()), drawn.mean(dim=1)
-    raise ValueError(f"unknown statistic {statistic!r}")
+    if statistic not in ("median", "mean"):
+        raise ValueError(f"unknown statistic {statistic!r}")
+    point = _median(data) if statistic == "median" else float(data.mean())
+    units = blocks(data, statistic)
+    drawn = units[torch.randint(units.numel(), (resamples, units.numel()), generator=gen)]
+    return point, drawn.quantile(0.5, dim=1) if statistic == "median" else drawn.mean(dim=1)
 
 
 def constant(value: float, resamples: int = RESAMPLES):

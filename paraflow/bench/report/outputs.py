@@ -67,8 +67,8 @@ DEFINITIONS = [
     "peak mem: peak resident set size of the process on CPU (max over ranks), torch's peak allocated memory on CUDA.",
     "model state: bytes of parameters, gradients and optimizer state one rank holds after a step, from the "
     "tensors (a sharded backend's local shards), max over ranks.",
-    "final loss: the loss of timed step number --steps, mean over ranks: rows with the same process count start "
-    "from the same seed and data, so their losses should agree.",
+    "loss at step --warmup: the loss after --warmup steps, mean over ranks: every launch runs at least those from "
+    "the same seed and data, so rows with the same process count should agree.",
     "sweep: nccl-tests style; per size the raw library's call and paraflow's public call (allreduce_, "
     "broadcast_ in place, allgather returning a list) alternate in blocks; time = median over blocks of the "
     "slowest rank's mean per operation; algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n "

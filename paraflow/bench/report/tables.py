@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
 from . import intervals, metrics
 from .launches import groups, task_of
 from .tables_collectives import MEMCPY_COLUMNS, SWEEP_FOOTER_COLUMNS, memcpy_rows, sweep_columns, sweep_rows
@@ -89,7 +91,15 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
     (the A/A check); verdict (list of {claim, text}). `config` (results.json's) gives the noisy
     bound, the bandwidth unit and the scaling modes.
     """
-    opts = _options(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many small tensor operations: on a busy machine 2 threads took 20x longer
+    try:
+        return _build(cells, _options(config))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build(cells: list, opts: dict) -> dict:
     memcpy = memcpy_rows(cells, opts["units"])
     sweep, footers, unsupported = sweep_rows(cells, memcpy, opts["units"])
     training, estimates = training_rows(cells, opts["scaling"], opts["noisy"])

@@ -48,7 +48,7 @@ TRAINING_COLUMNS = {
     "warmup_steps": "warm-up steps",
     "peak_mem_mb": "peak mem MB",
     "model_state_mb": "model state MB",
-    "final_loss": "final loss",
+    "final_loss": "loss at step --warmup",
     "noisy": "noisy",
     "status": "status",
 }
@@ -85,9 +85,10 @@ def _comm(launches: list, gen) -> Optional[intervals.Estimate]:
     for ln in launches:
         sync = torch.tensor(ln["sync"], dtype=torch.float64)
         no_sync = torch.tensor(ln["no_sync"], dtype=torch.float64)
+        point = metrics.communication_overhead(intervals.median(no_sync), intervals.median(sync))
+        sync, no_sync = intervals.blocks(sync, "median"), intervals.blocks(no_sync, "median")  # same blocks
         drawn = torch.randint(len(sync), (intervals.RESAMPLES, len(sync)), generator=gen)  # pairs stay pairs
         replicates = 1 - no_sync[drawn].quantile(0.5, dim=1) / sync[drawn].quantile(0.5, dim=1)
-        point = metrics.communication_overhead(intervals.median(no_sync), intervals.median(sync))
         per_launch.append((point, replicates))
     return intervals.across_launches(per_launch, gen)
 
@@ -157,7 +158,10 @@ def _model_state_mb(tasks: list) -> Optional[float]:
 
 
 def _loss(task: dict) -> float:
-    """The loss of timed step number --steps (windows may run longer)."""
+    """The loss after --warmup steps: every launch runs at least those, from the same seed and data
+    (warm-up then goes on for as long as it needs, so later steps differ between launches)."""
+    if "warmup_losses" in task:
+        return task["warmup_losses"][task["loss_step"] - 1]
     return task["losses"][task.get("loss_step", len(task["losses"])) - 1]
 
 
