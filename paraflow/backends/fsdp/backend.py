@@ -29,7 +29,7 @@ from .full_state import (
     owner_of,
     reshard,
 )
-from .optimizer import rebuild_optimizer, remember_parameters
+from .optimizer import model_of, rebuild_optimizer, remember_parameters
 from .sharded import ShardedCheckpointer
 from .wrap import DEFAULT_MIN_BLOCK_PARAMS, check_blocks, check_min_block_params, choose_blocks, mixed_precision_policy
 
@@ -150,14 +150,17 @@ class FSDPBackend(TorchDistributedBackend):
         self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None
     ) -> torch.optim.Optimizer:
         """`optimizer` over `model`'s sharded parameters: the same one if built after wrap_model,
-        else one rebuilt with the same class, param groups and hyperparameters."""
+        else one rebuilt with the same class, param groups and hyperparameters. Without `model`,
+        the model wrap_model sharded from the optimizer's parameters."""
         if model is None:
             if is_sharded(optimizer):
                 return optimizer
-            raise ConfigurationError(
-                "fsdp replaced the model's parameters with shards; pass the model: "
-                "backend.wrap_optimizer(optimizer, model)."
-            )
+            model = model_of(optimizer, self._originals)
+            if model is None:
+                raise ConfigurationError(
+                    "fsdp replaced the model's parameters with shards, and this optimizer's parameters are not "
+                    "those of one model wrap_model sharded; pass the model: backend.wrap_optimizer(optimizer, model)."
+                )
         reshard([model])
         rebuilt = rebuild_optimizer(optimizer, model, self._originals)
         self._owners[rebuilt] = model

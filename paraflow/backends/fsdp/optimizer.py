@@ -11,27 +11,40 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from ...errors import ConfigurationError
 
-__all__ = ["remember_parameters", "rebuild_optimizer"]
+__all__ = ["remember_parameters", "model_of", "rebuild_optimizer"]
 
 _FIX = "build it after wrap_model instead: optimizer = {cls}(model.parameters(), ...) with the wrapped model"
 _HOOKS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")
 
 
 def remember_parameters(model: nn.Module) -> dict:
-    """Before sharding: id of each parameter -> (weak reference, its name in `model`)."""
-    return {id(p): (weakref.ref(p), name) for name, p in model.named_parameters()}
+    """Before sharding: id of each parameter -> (weak reference, its name, weak reference to `model`)."""
+    return {id(p): (weakref.ref(p), name, weakref.ref(model)) for name, p in model.named_parameters()}
 
 
-def _name_of(param: torch.Tensor, originals: Mapping[int, tuple]) -> Any:
+def model_of(optimizer: torch.optim.Optimizer, originals: Mapping[int, tuple]) -> Optional[nn.Module]:
+    """The one sharded model whose former parameters `optimizer` holds, or None."""
+    models = []
+    for p in (p for group in optimizer.param_groups for p in group["params"]):
+        entry = originals.get(id(p))
+        model = entry[2]() if entry is not None and entry[0]() is p else None
+        if model is None:
+            return None
+        models.append(model)
+    return models[0] if models and all(m is models[0] for m in models) else None
+
+
+def _name_of(param: torch.Tensor, originals: Mapping[int, tuple], model: nn.Module) -> Any:
+    """`param`'s name in `model` before sharding, or None if it was not one of `model`'s."""
     entry = originals.get(id(param))
-    if entry is None or entry[0]() is not param:  # an id reused by another object
+    if entry is None or entry[0]() is not param or entry[2]() is not model:  # ids are reused
         return None
     return entry[1]
 
@@ -62,7 +75,7 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, origin
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if all(id(p) in current_ids for p in params):
         return optimizer
-    strangers = [i for i, p in enumerate(params) if id(p) not in current_ids and _name_of(p, originals) is None]
+    strangers = [i for i, p in enumerate(params) if id(p) not in current_ids and _name_of(p, originals, model) is None]
     if strangers:
         raise ConfigurationError(
             f"the {cls} holds {len(strangers)} parameter(s) that are not the model's (positions "
@@ -83,7 +96,9 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, origin
     groups = []
     for group in optimizer.param_groups:
         rebuilt = {k: v for k, v in group.items() if k != "params"}
-        rebuilt["params"] = [p if id(p) in current_ids else current[_name_of(p, originals)] for p in group["params"]]
+        rebuilt["params"] = [
+            p if id(p) in current_ids else current[_name_of(p, originals, model)] for p in group["params"]
+        ]
         groups.append(rebuilt)
     try:
         new = type(optimizer)(groups, **_constructor_defaults(optimizer))

@@ -47,7 +47,7 @@ def hyperparameters(optimizer):
         ({"blocks": "Linear", "min_block_params": 10}, "not both"),
         ({"reshard_after_forward": "yes"}, "reshard_after_forward"),
         ({"async_save": "no"}, "async_save must be True or False"),
-        ({"bucket_cap_mb": 25}, "does not take option(s) bucket_cap_mb"),
+        ({"bucket_cap": 25}, "does not take option(s) bucket_cap, and no registered backend does"),
     ],
 )
 def test_bad_options_fail_at_construction(options, words):
@@ -174,12 +174,17 @@ def test_optimizers_that_cannot_be_rebuilt_are_refused_with_the_fix(backend, mak
     assert "build it after wrap_model" in str(info.value) or "pass the model" in str(info.value)
 
 
-def test_wrap_optimizer_without_the_model_is_refused(backend):
-    model = build_model("mlp", width=16)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    backend.wrap_model(model)
+def test_wrap_optimizer_finds_the_model_it_was_built_for(backend):
+    first, second = build_model("mlp", width=16), build_model("mlp", width=16)
+    optimizer = torch.optim.SGD(first.parameters(), lr=0.1, momentum=0.9)
+    mixed = torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.1)
+    first, second = backend.wrap_model(first), backend.wrap_model(second)
+    rebuilt = backend.wrap_optimizer(optimizer)  # no model: the one its parameters came from
+    assert [id(p) for p in rebuilt.param_groups[0]["params"]] == [id(p) for p in first.parameters()]
     with pytest.raises(ConfigurationError, match=r"backend.wrap_optimizer\(optimizer, model\)"):
-        backend.wrap_optimizer(optimizer)
+        backend.wrap_optimizer(mixed)  # parameters of two models: which one is meant is unclear
+    with pytest.raises(ConfigurationError, match="6 parameter.s. that are not the model's"):
+        backend.wrap_optimizer(mixed, first)  # the second model's are not renamed onto the first's
 
 
 def _stepped(optimizer, model):
