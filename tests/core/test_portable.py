@@ -2,7 +2,7 @@
 
 tests/workers/portable.py carries horovod's and DDP's tuning options at once, wraps its optimizer
 without the model and finds the backend through paraflow.current() inside the loop; it runs
-unchanged under plain python (single), torchrun (ddp-gloo), mpirun and horovodrun (horovod).
+unchanged under plain python (single), torchrun (ddp-gloo, fsdp), mpirun and horovodrun (horovod).
 """
 
 import pytest
@@ -11,12 +11,14 @@ from conftest import WORKERS, launch_ok, read_rank_json, requires_horovod
 RUNS = [
     pytest.param("single", "python", 1, id="single-python"),
     pytest.param("ddp-gloo", "torchrun", 2, id="ddp-gloo-torchrun"),
+    pytest.param("fsdp", "torchrun", 2, id="fsdp-torchrun"),
     pytest.param("horovod", "mpirun", 2, id="horovod-mpirun", marks=requires_horovod),
     pytest.param("horovod", "horovodrun", 2, id="horovod-horovodrun", marks=requires_horovod),
 ]
 IGNORED = {
     "single": ["broadcast_buffers", "bucket_cap_mb", "fusion_threshold_mb", "gradient_as_bucket_view", "reduce_op"],
     "ddp-gloo": ["fusion_threshold_mb", "reduce_op"],
+    "fsdp": ["broadcast_buffers", "bucket_cap_mb", "fusion_threshold_mb", "gradient_as_bucket_view", "reduce_op"],
     "horovod": ["broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view"],
 }
 
@@ -63,7 +65,7 @@ def test_current_inside_the_loop_is_the_initialised_backend(launched, backend, l
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend, launcher, nproc", RUNS[1:])
 def test_wrap_optimizer_without_the_model_trains_identically_everywhere(launched, backend, launcher, nproc):
-    """DDP and horovod (both controllers) average the shards' gradients: the whole batch in one process."""
+    """DDP, fsdp and horovod (both controllers) average the ranks' gradients: the whole batch in one process."""
     reference = launched("single", "python", 1)[1][0]["params"]
     for result in launched(backend, launcher, nproc)[1]:
         assert len(result["params"]) == len(reference) == 2

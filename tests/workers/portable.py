@@ -35,6 +35,11 @@ def shard(tensor: torch.Tensor) -> torch.Tensor:
     return tensor[backend.rank * per_rank : (backend.rank + 1) * per_rank]
 
 
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: fsdp's parameters are shards (DTensor), gathered here."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def who_am_i() -> dict:
     return {"current_id": id(paraflow.current()), "rank": paraflow.rank(), "world_size": paraflow.world_size()}
 
@@ -59,7 +64,7 @@ def main(name: str, outdir: Path) -> None:
             "backend_id": id(backend),
             "seen": seen,
             "ignored": sorted(backend.ignored_options),
-            "params": [p.detach().flatten().tolist() for p in backend.unwrap(model).parameters()],
+            "params": [whole(p).detach().flatten().tolist() for p in backend.unwrap(model).parameters()],
         }
         (outdir / f"rank{backend.rank}.json").write_text(json.dumps(result))
 
