@@ -144,7 +144,7 @@ class FSDPBackend(TorchDistributedBackend):
         fully_shard(model, **options)
         model.paraflow_backend_name = self.name
         model.paraflow_blocks = [name for name, m in model.named_modules() if any(m is b for b in blocks)]
-        return model
+        return self._mark_model(model)
 
     def wrap_optimizer(
         self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None
@@ -154,7 +154,7 @@ class FSDPBackend(TorchDistributedBackend):
         the model wrap_model sharded from the optimizer's parameters."""
         if model is None:
             if is_sharded(optimizer):
-                return optimizer
+                return super().wrap_optimizer(optimizer)
             model = model_of(optimizer, self._originals)
             if model is None:
                 raise ConfigurationError(
@@ -164,7 +164,7 @@ class FSDPBackend(TorchDistributedBackend):
         reshard([model])
         rebuilt = rebuild_optimizer(optimizer, model, self._originals)
         self._owners[rebuilt] = model
-        return rebuilt
+        return super().wrap_optimizer(rebuilt, model)  # the stall report sees its steps
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The model itself: fully_shard changes it in place."""
