@@ -98,6 +98,7 @@ class StallWatch:
         self._open_store = open_store
         self._answered = 0
         self._covered: Optional[State] = None  # the wait the last round already reported
+        self._printed_at: Optional[float] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="paraflow stall watch", daemon=True)
 
@@ -129,18 +130,25 @@ class StallWatch:
     def _tick(self, store: Any) -> None:
         asked = store.add("round", 0)
         if asked > self._answered:
-            self._answer(store, asked)
+            if self._printed_at is not None and time.monotonic() - self._printed_at < self.threshold:
+                self._publish(store, asked)  # a round opened by a rank that has not seen ours yet
+            else:
+                self._report(store, asked)
             return
         state = self.activity.state
         if state.waits and state is not self._covered and time.monotonic() - state.since >= self.threshold:
-            self._answer(store, store.add("round", 1))
+            self._report(store, store.add("round", 1))
 
-    def _answer(self, store: Any, round_: int) -> None:
-        self._answered = round_
+    def _publish(self, store: Any, round_: int) -> None:
+        """Write this rank's record, marked with the newest round it has seen."""
+        self._answered = max(self._answered, round_)
         state = self.activity.state
         if state.waits:
-            self._covered = state
-        store.set(f"{round_}/{self.rank}", json.dumps(self._record(state)))
+            self._covered = state  # this wait is in a report now: it opens no round of its own
+        store.set(f"record/{self.rank}", json.dumps({**self._record(state), "round": self._answered}))
+
+    def _report(self, store: Any, round_: int) -> None:
+        self._publish(store, round_)
         records = self._collect(store, round_)
         self.last_report = compose_report(
             rank=self.rank,
@@ -150,6 +158,7 @@ class StallWatch:
             timeout=self.timeout,
             window=self.window,
         )
+        self._printed_at = time.monotonic()
         print(self.last_report, file=sys.stderr, flush=True)
 
     def _record(self, state: State) -> dict:
@@ -166,14 +175,24 @@ class StallWatch:
         }
 
     def _collect(self, store: Any, round_: int) -> dict[int, dict]:
-        """Every rank's record for this round, waiting up to the window for the missing ones."""
-        keys = [f"{round_}/{r}" for r in range(self.world_size)]
+        """Every rank's record written for this round or a later one, waiting up to the window.
+
+        Two ranks may open rounds at the same moment; each keeps its own record current with the
+        newest round while it waits, so both collections complete.
+        """
+        keys = [f"record/{r}" for r in range(self.world_size)]
         deadline = time.monotonic() + self.window
-        while not store.check(keys) and time.monotonic() < deadline and not self._stop.is_set():
+        while True:
+            latest = store.add("round", 0)
+            if latest > self._answered:
+                self._publish(store, latest)
+            present = keys if store.check(keys) else [k for k in keys if store.check([k])]
+            values = store.multi_get(present) if present else []
+            records = {int(k.rpartition("/")[2]): json.loads(bytes(v).decode()) for k, v in zip(present, values)}
+            fresh = {r: rec for r, rec in records.items() if rec["round"] >= round_}
+            if len(fresh) == self.world_size or time.monotonic() >= deadline or self._stop.is_set():
+                return fresh
             time.sleep(0.25)
-        present = [(r, k) for r, k in enumerate(keys) if store.check([k])]
-        values = store.multi_get([k for _, k in present]) if present else []
-        return {r: json.loads(bytes(v).decode()) for (r, _), v in zip(present, values)}
 
 
 def _install_excepthook() -> None:

@@ -3,6 +3,8 @@
 import copy
 import pickle
 import sys
+import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from torch.utils.data import DataLoader
 
 import paraflow
 from paraflow.reliability.activity import Activity, attach_markers, attach_step_marker, site_text
-from paraflow.reliability.stall import stall_facts, stall_threshold_seconds
+from paraflow.reliability.stall import StallWatch, stall_facts, stall_threshold_seconds
 from paraflow.reliability.stall_explain import compose_report
 from paraflow.training.sampler import ShardSampler
 from paraflow.training.shard_check import watch_epoch
@@ -155,3 +157,33 @@ def test_a_sampler_iterated_by_hand_is_not_checked():
     activity = Activity()
     assert len(list(sampler_on(activity))) == 225
     assert activity.passes == 1 and activity.uneven == {}
+
+
+# ---------------------------------------------------------------- the watchdogs' rounds
+def watch_on(store, rank, call):
+    backend = SimpleNamespace(rank=rank, world_size=2, name="ddp-gloo", timeout=600, stall_threshold=0.5)
+    activity = Activity()
+    with activity.call(call):  # a wait that began long ago
+        waiting = activity.state
+    activity.state = waiting._replace(since=waiting.since - 60)
+    return StallWatch(backend, activity, lambda: store)
+
+
+def test_two_ranks_opening_rounds_at_once_each_print_one_report_naming_both(capsys):
+    import torch.distributed as dist
+
+    store = dist.PrefixStore("stall/", dist.HashStore())
+    watches = [watch_on(store, 0, "save"), watch_on(store, 1, "allreduce")]
+    rounds = [store.add("round", 1), store.add("round", 1)]  # both opened before either collected
+    threads = [threading.Thread(target=w._report, args=(store, r)) for w, r in zip(watches, rounds)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    reports = [w.last_report for w in watches]
+    for report in reports:
+        assert "  rank 0: in save at" in report and "  rank 1: in allreduce at" in report, report
+        assert "no record" not in report
+    for watch in watches:  # the next wakes open no new round and print nothing more
+        watch._tick(store)
+    assert capsys.readouterr().err.count("paraflow stall:") == 2
