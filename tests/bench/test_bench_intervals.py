@@ -160,3 +160,13 @@ def test_two_runs_agree_when_medians_sit_in_each_others_intervals_and_claims_mat
     assert not compare_runs(a, _results(11.0, 10.7, 11.4, ["x: fastest A"]))["agree"]  # 11.0 outside A's
     differ = compare_runs(a, _results(10.2, 9.8, 10.9, ["x: fastest B"]))
     assert not differ["agree"] and differ["claims"]["only_a"] == ["x: fastest A"]
+
+
+def test_few_launches_widen_the_share_of_replicates_kept():
+    # Hesterberg's expanded percentile interval: keep 1 - 2 Phi(-sqrt(n/(n-1)) t_{0.975, n-1})
+    z = math.sqrt(10 / 9) * 2.262
+    assert intervals.expanded_confidence(10) == pytest.approx(1 - math.erfc(z / math.sqrt(2)))
+    assert intervals.expanded_confidence(10) == pytest.approx(0.9829, abs=1e-4)
+    assert intervals.expanded_confidence(3) > 0.99999  # 3 launches: the replicates' extremes
+    assert intervals.expanded_confidence(1) == 0.95  # one launch: its steps alone
+    assert 0.95 < intervals.expanded_confidence(100) < 0.96  # many launches: the plain percentile interval

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--max-warmup", type=float, default=1.5, help="seconds of warm-up steps, at most (default: 1.5)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per window, at least (default: 20)")
-    p.add_argument("--min-window", type=float, default=0.5, help="seconds per timed window, at least (default: 0.5)")
+    p.add_argument("--min-window", type=float, default=0.3, help="seconds per timed window, at least (default: 0.3)")
     p.add_argument("--repeat", type=int, default=3, help="independent launches of every training cell (default: 3)")
     p.add_argument("--noisy", type=float, default=0.10, help="noisy mark: 95%% interval wider than this (default: 0.1)")
     p.add_argument("--no-aa-check", dest="aa_check", action="store_false", help="skip the A/A noise-floor launches")
@@ -85,14 +85,14 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--overhead-steps",
         type=int,
-        default=240,
-        help="paraflow/raw/control step rounds for the abstraction overhead (default: 240)",
+        default=150,
+        help="paraflow/raw/control step rounds for the abstraction overhead (default: 150)",
     )
     p.add_argument(
         "--overhead-seconds",
         type=float,
-        default=20.0,
-        help="fewer overhead rounds when they would take longer than this, at least 60 (default: 20)",
+        default=8.0,
+        help="fewer overhead rounds when they would take longer than this, at least 60 (default: 8)",
     )
     p.add_argument("--overhead-model", default=None, help="model for the abstraction overhead (default: first)")
     p.add_argument(

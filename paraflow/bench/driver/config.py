@@ -153,7 +153,7 @@ class BenchConfig:
     warmup: int = 5
     max_warmup: float = 1.5
     steps: int = 20
-    min_window: float = 0.5
+    min_window: float = 0.3
     repeat: int = 3
     noisy: float = 0.10
     aa_check: bool = True
@@ -164,8 +164,8 @@ class BenchConfig:
     dtypes: list = field(default_factory=lambda: ["float32"])
     units: str = "GB/s"
     sweep_rounds: int = 4
-    overhead_steps: int = 240
-    overhead_seconds: float = 20.0
+    overhead_steps: int = 150
+    overhead_seconds: float = 8.0
     overhead_model: Optional[ModelSpec] = None
     launchers: Optional[list] = None
     timeout: float = 150.0

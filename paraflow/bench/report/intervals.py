@@ -4,8 +4,11 @@ Across launches (training and collective figures) the interval is a two-level (h
 percentile bootstrap: each replicate draws the launches with replacement, then, inside each drawn
 launch, its steps with replacement (past MAX_POINTS steps, blocks of consecutive steps), and
 recomputes the figure; the interval holds the middle 95%
-of the replicates. The point value is the median over launches of each launch's own figure, so
-one disturbed launch cannot move it much. Resampling the launches is what makes the interval say
+of the replicates, expanded for few launches (Hesterberg's expanded percentile interval: the
+share kept is the one that gives Student's t coverage for that many launches; with 3 launches,
+the replicates' extremes), because a plain percentile bootstrap of 3 values covers far less than
+95%. The point value is the median over launches of each launch's own figure, so one disturbed
+launch cannot move it much. Resampling the launches is what makes the interval say
 how far a rerun may land: steps of one launch share its start-up, its placement and the load of
 its minute, and taken alone would claim far too much.
 
@@ -32,6 +35,7 @@ __all__ = [
     "RESAMPLES",
     "Estimate",
     "generator",
+    "expanded_confidence",
     "within_launch",
     "blocks",
     "constant",
@@ -60,6 +64,7 @@ class Estimate:
     low: float
     high: float
     replicates: Optional[torch.Tensor] = None
+    launches: int = 0  # how many launches the replicates drew from (0: not from launches)
 
     @property
     def halfwidth(self) -> float:
@@ -70,8 +75,9 @@ class Estimate:
         """The estimate of ``function(self, *others)``, applied to values and to replicates alike."""
         value = function(self.value, *(o.value for o in others))
         replicates = function(self.replicates, *(o.replicates for o in others))
-        low, high = percentile_interval(replicates)
-        return Estimate(value, min(low, value), max(high, value), replicates)
+        launches = min(e.launches for e in (self, *others))
+        low, high = percentile_interval(replicates, expanded_confidence(launches) if launches else CONFIDENCE)
+        return Estimate(value, min(low, value), max(high, value), replicates, launches)
 
 
 def relative_halfwidth(value: float, low: float, high: float) -> float:
@@ -117,12 +123,45 @@ def constant(value: float, resamples: int = RESAMPLES):
     return float(value), torch.full((resamples,), float(value), dtype=torch.float64)
 
 
+# Student's t 97.5% quantiles by degrees of freedom (a larger df not listed takes the next smaller one's).
+_T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+    60: 2.000,
+}
+
+
+def expanded_confidence(launches: int, confidence: float = CONFIDENCE) -> float:
+    """The central share of bootstrap replicates to keep so the interval covers as Student's t would
+    with this few launches (Hesterberg's expanded percentile interval): a percentile bootstrap of n
+    values is too narrow for small n. 3 launches: the replicates' extremes; 10: about 98%.
+    """
+    if launches < 2 or confidence != CONFIDENCE:
+        return confidence
+    t = _T975[max(df for df in _T975 if df <= launches - 1)]
+    z = math.sqrt(launches / (launches - 1)) * t
+    return 1 - math.erfc(z / math.sqrt(2))  # 1 - 2 * Phi(-z)
+
+
 def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate:
     """The median over launches of per-launch figures, with the two-level bootstrap interval.
 
     `launches` holds (point, replicates) per launch, replicates being that launch's within-launch
     bootstrap (same length for all). Replicate b draws len(launches) launches with replacement
-    and takes the median of their b-th replicates.
+    and takes the median of their b-th replicates; the interval keeps the expanded central share
+    of them (:func:`expanded_confidence`).
     """
     if not launches:
         raise ValueError("no launches")
@@ -132,8 +171,8 @@ def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate
     drawn = torch.randint(count, (resamples, count), generator=gen)
     replicates = torch.gather(stacked, 1, drawn).quantile(0.5, dim=1) if count > 1 else stacked[:, 0]
     value = _median(points)
-    low, high = percentile_interval(replicates)
-    return Estimate(value, min(low, value), max(high, value), replicates)
+    low, high = percentile_interval(replicates, expanded_confidence(count))
+    return Estimate(value, min(low, value), max(high, value), replicates, count)
 
 
 def estimate(per_launch: Sequence[Sequence[float]], statistic: str, *key) -> Estimate:
