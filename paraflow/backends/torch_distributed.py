@@ -213,20 +213,28 @@ def _check_master(env) -> None:
         )
 
 
+_SESSIONS = 0  # process groups this process started on torchrun's agent store
+
+
 def store_for_this_attempt(address: str, port: int, world_size: int, timeout: float):
     """torchrun's agent store under a prefix for this restart attempt, or None without an agent store.
 
     torchrun's static rendezvous (the default with --master_addr/--master_port) keeps one store
     across restarts and torch adds no per-attempt prefix, so a restarted rank can read the
     address a killed rank published before and fail to connect (seen here in about half the
-    restarts). A prefix per TORCHELASTIC_RESTART_COUNT keeps the attempts apart.
+    restarts). A prefix per TORCHELASTIC_RESTART_COUNT keeps the attempts apart, and one per
+    process group started in this process keeps a second ``paraflow.init`` of the same job apart
+    from the first (every rank starts its groups in the same order).
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     import torch.distributed as dist
 
+    global _SESSIONS
+    _SESSIONS += 1  # a second paraflow.init in one process must not read the first one's keys
     store = dist.TCPStore(address, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout))
-    return dist.PrefixStore(f"/paraflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"/paraflow/attempt_{attempt}/session_{_SESSIONS}", store)
 
 
 def _transport(process_group: str) -> str:

@@ -76,6 +76,21 @@ def test_own_time_charges_paraflow_frames_outside_calls_into_c():
         clock.now = at
         hook(frame, event, None)
     assert hook.total == pytest.approx(0.5 + 0.25 + 0.5)
+    assert hook.intervals == 3  # what profile_own_code multiplies the hook's dispatch cost by
+
+
+def test_the_hooks_dispatch_cost_is_measured_on_a_probe_counted_as_own():
+    from paraflow.bench.rank import ownprofile
+
+    clock = Clock()
+    probe = Frame("/home/me/probe.py")
+    hook = OwnTime(clock, own_codes=frozenset({probe.f_code}))
+    for at, event in ((1.0, "call"), (3.0, "c_call")):
+        clock.now = at
+        hook(probe, event, None)
+    assert (hook.total, hook.intervals) == (2.0, 1)
+    assert OwnTime(clock).own_codes == frozenset()  # nothing but paraflow's files counts otherwise
+    assert ownprofile.dispatch_cost(calls=200, repeats=3) >= 0.0
 
 
 def test_own_time_inside_a_bounded_wait_is_counted_apart():
