@@ -44,13 +44,7 @@ def test_compress_hook_names_avoid_ddps_nccl_only_check(dtype):
     assert name.endswith("_compress") and name != "bf16_compress_hook"
 
 
-@pytest.mark.parametrize("kind", ["torch", "paraflow"])
-def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, python):
-    """Deterministic form of an abort at exit: gloo's thread wants the GIL during shutdown.
-
-    With torch's own hook the process aborts ("terminate called without an active exception")
-    after a successful backward; with paraflow's it waits for the release and exits 0.
-    """
+def _hook_exit(kind: str, python: str):
     import resource
     import subprocess
 
@@ -58,7 +52,7 @@ def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, pytho
 
     from paraflow.environment.launchers import free_port
 
-    result = subprocess.run(
+    return subprocess.run(
         [python, str(WORKERS / "hook_exit.py"), kind, str(free_port())],
         capture_output=True,
         text=True,
@@ -67,11 +61,29 @@ def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, pytho
         env={**os.environ, **RANK_ENV},
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)),
     )
-    assert "backward done" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("kind", ["torch", "paraflow"])
+def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, python):
+    """An abort at exit: gloo's thread wants the GIL during shutdown.
+
+    With torch's own hook the process aborts ("terminate called without an active exception")
+    after a successful backward; with paraflow's it waits for the release and exits 0. The abort
+    is a race that the worker makes likely, not certain: torch's hook must abort in at least one
+    of three runs, paraflow's must exit 0 in every one.
+    """
+    results = []
+    for _ in range(3):
+        result = _hook_exit(kind, python)
+        assert "backward done" in result.stdout, result.stderr[-3000:]
+        results.append(result)
+        if kind == "torch" and result.returncode != 0:
+            break
     if kind == "torch":
-        assert result.returncode != 0 and "terminate called" in result.stderr, (
-            f"torch's hook no longer aborts at exit (exit {result.returncode}); "
+        aborted = [r for r in results if r.returncode != 0]
+        assert aborted and "terminate called" in aborted[0].stderr, (
+            f"torch's hook no longer aborts at exit (exits {[r.returncode for r in results]}); "
             "paraflow.backends.ddp.comm_hooks' release wait may be unnecessary now"
         )
     else:
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert all(r.returncode == 0 for r in results), [r.stderr[-3000:] for r in results]
