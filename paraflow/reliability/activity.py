@@ -30,15 +30,33 @@ from .collective_check import LIBRARIES, call_site
 
 __all__ = ["Activity", "State", "attach_markers", "attach_step_marker", "site_text"]
 
-# _ForwardMarker.__call__ <- Module._call_impl <- Module._wrapped_call_impl <- the script's line
-_HOOK_DEPTH = 3
+# Frames from _forward_site up to the script's line: _ForwardMarker.__call__, then torch's module
+# call (Module._wrapped_call_impl, _call_impl and, with hooks, its inner function). Learned from
+# the first forward by a walk, since torch versions differ; a depth that stops fitting is learned again.
+_hook_depth: Optional[int] = None
+
+
+def _is_library(frame: Any) -> bool:
+    return frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARIES
 
 
 def _forward_site() -> Any:
-    """(file, line) of the script's line that called the model: a fixed depth up from the hook, no walk."""
-    frame = sys._getframe(_HOOK_DEPTH + 1)
-    if frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARIES:  # called some other way
+    """(file, line) of the script's line that called the model: at the depth learned once, no walk."""
+    global _hook_depth
+    if _hook_depth is not None:
+        try:
+            below = sys._getframe(_hook_depth - 1)  # torch's module call, when the depth still fits
+        except ValueError:  # a shallower stack than the one it was learned on
+            below = None
+        frame = below.f_back if below is not None else None
+        if frame is not None and _is_library(below) and not _is_library(frame):
+            return frame.f_code.co_filename, frame.f_lineno
+    frame, depth = sys._getframe(1), 1
+    while frame is not None and _is_library(frame):
+        frame, depth = frame.f_back, depth + 1
+    if frame is None:
         return call_site()
+    _hook_depth = depth
     return frame.f_code.co_filename, frame.f_lineno
 
 

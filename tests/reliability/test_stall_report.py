@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.utils.checkpoint
 from torch.utils.data import DataLoader
 
 import paraflow
@@ -93,6 +94,25 @@ def test_calls_nest_under_the_outer_one_and_forwards_mark_steps():
     with torch.no_grad():
         model(torch.ones(1, 2))  # evaluation: not a step, not a wait
     assert (activity.step, activity.state.waits) == (1, False)
+
+
+def test_the_forward_site_is_the_callers_line_at_every_depth():
+    """The depth of torch's module call is learned once; a caller through other library frames still gets its line."""
+    from paraflow.reliability import activity as module
+
+    activity = Activity()
+    model = torch.nn.Linear(2, 2)
+    attach_markers(activity, model)
+    sites = []
+    for _ in range(2):  # the first forward learns the depth, the second uses it
+        line = sys._getframe().f_lineno + 1
+        model(torch.ones(1, 2))
+        sites.append((site_text(activity.state.site), f"test_stall_report.py:{line}"))
+    assert module._hook_depth is not None
+    line = sys._getframe().f_lineno + 1
+    torch.utils.checkpoint.checkpoint(model, torch.ones(1, 2, requires_grad=True), use_reentrant=False)
+    sites.append((site_text(activity.state.site), f"test_stall_report.py:{line}"))  # torch frames in between
+    assert all(found == expected for found, expected in sites), sites
 
 
 def test_marked_models_still_copy_and_pickle():
