@@ -32,6 +32,16 @@ def test_block_medians_split_in_order():
     assert intervals.block_medians([4.0], 20) == [4.0]
 
 
+@pytest.mark.parametrize("statistic", ["median", "mean"])
+def test_long_windows_resample_blocks_of_consecutive_steps(statistic):
+    """Past MAX_POINTS steps a launch is cut into blocks; each block's median or mean is resampled."""
+    steps = [1.0] * 300 + [3.0] * 300  # 600 steps: 200 blocks of 3, the first 100 at 1, the rest at 3
+    units = intervals.blocks(torch.tensor(steps, dtype=torch.float64), statistic)
+    assert units.tolist() == [1.0] * 100 + [3.0] * 100
+    est = intervals.estimate([steps, steps], statistic, "long window", statistic)
+    assert est.value == 2.0 and est.low < 2.0 < est.high
+
+
 def test_identical_launches_give_a_zero_width_interval():
     est = intervals.estimate([[2.0, 2.0, 2.0]] * 3, "median", "same")
     assert (est.value, est.low, est.high) == (2.0, 2.0, 2.0) and est.halfwidth == 0.0

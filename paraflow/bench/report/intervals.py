@@ -101,7 +101,7 @@ def blocks(values: torch.Tensor, statistic: str, count: int = MAX_POINTS) -> tor
         return values
     edges = [round(i * n / count) for i in range(count + 1)]
     parts = [values[a:b] for a, b in zip(edges, edges[1:])]
-    return torch.stack([_median(p) if statistic == "median" else p.mean() for p in parts]).to(torch.float64)
+    return torch.tensor([_median(p) if statistic == "median" else float(p.mean()) for p in parts], dtype=torch.float64)
 
 
 def within_launch(values: Sequence[float], statistic: str, gen: torch.Generator, resamples: int = RESAMPLES):
