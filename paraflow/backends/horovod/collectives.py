@@ -1,7 +1,8 @@
 """Horovod's collectives behind paraflow's public calls, each wait bounded by the timeout.
 
-Under the MPI controller horovod's own wait has no timeout. The public collectives poll their
-handle until the backend's timeout (so the error can be caught); every other horovod wait
+Under the MPI controller horovod's own wait has no timeout. The public collectives block in
+horovod's wait on a thread of their own (:mod:`paraflow.reliability.waiter`) and give up after
+the backend's timeout (so the error can be caught); every other horovod wait
 (broadcasts in ``wrap_model`` and ``wrap_optimizer``, the gradient wait in ``step()``, barriers,
 ``join``) runs under the watchdog (:mod:`paraflow.reliability.watchdog`), which costs nothing
 while it ends in time. Horovod's errors become paraflow's, naming the call and this rank.
@@ -17,9 +18,10 @@ from typing import Any, Callable
 import torch
 
 from ...errors import CollectiveError, ConfigurationError
-from ...reliability.deadlines import DeadlineExceeded, wait_until
+from ...reliability.deadlines import DeadlineExceeded
 from ...reliability.stall import stall_facts
 from ...reliability.translation import translate_collective_error
+from ...reliability.waiter import Waiter
 from ...reliability.watchdog import watchdog
 
 __all__ = ["HorovodCollectives"]
@@ -80,14 +82,13 @@ class HorovodCollectives:
         would block the others for good. After a timeout horovod's background thread may be
         stuck, so shutdown leaves horovod alone (MPI_Abort or horovod's exit handler ends it).
         """
-        self.poll(handle)
-        return self._hvd.synchronize(handle)
-
-    def poll(self, handle: int) -> None:
-        """Return once `handle` is done; raise after the timeout (see :meth:`_wait`)."""
+        waiter = self.__dict__.get("_waiter")
+        if waiter is None:
+            waiter = self._waiter = Waiter(f"paraflow horovod wait (rank {self.rank})")
+        hvd = self._hvd
         try:
-            wait_until(lambda: self._hvd.poll(handle), self.timeout, "waiting for the other ranks")
-        except RuntimeError:
+            return waiter.run(lambda: hvd.synchronize(handle), self.timeout, "waiting for the other ranks")
+        except DeadlineExceeded:
             self._stuck = True
             raise
 

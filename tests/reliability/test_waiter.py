@@ -1,0 +1,33 @@
+"""Blocking waits on a thread of their own: results, errors and the timeout reach the caller."""
+
+import threading
+
+import pytest
+
+from paraflow.reliability.deadlines import DeadlineExceeded
+from paraflow.reliability.waiter import Waiter
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_results_and_errors_come_back_in_order_on_one_thread():
+    waiter = Waiter("test waiter")
+    threads = []
+
+    def where(value):
+        threads.append(threading.current_thread())
+        return value
+
+    assert [waiter.run(lambda v=v: where(v), 5, "job") for v in range(3)] == [0, 1, 2]
+    assert len(set(threads)) == 1 and threads[0] is not threading.current_thread()
+    with pytest.raises(ValueError, match="bad tensor"):
+        waiter.run(lambda: (_ for _ in ()).throw(ValueError("bad tensor")), 5, "job")
+
+
+def test_a_wait_that_never_ends_raises_after_the_timeout_and_leaves_the_thread_behind():
+    waiter = Waiter("test waiter")
+    release = threading.Event()
+    with pytest.raises(DeadlineExceeded, match="waiting for rank 1 timed out after 0.2 s"):
+        waiter.run(release.wait, 0.2, "waiting for rank 1")
+    release.set()  # the thread finishes the abandoned wait and takes the next one
+    assert waiter.run(lambda: "next", 5, "job") == "next"
