@@ -72,6 +72,12 @@ class TorchDistributedBackend(Backend):
         """The torch.distributed process group in use: "nccl" or "gloo"."""
         return _transport(self.process_group)
 
+    @property
+    def _bundles_checks(self) -> bool:
+        """A repeated mid-sized allreduce may carry the cross-rank check (reliability/check_bundle.py):
+        over gloo on the CPU, where a check frame costs as much as the allreduce itself."""
+        return self.transport == "gloo" and self.device.type == "cpu"
+
     def _uses_cuda(self) -> bool:
         return torch.cuda.is_available() and (self.transport == "nccl" or self.requested_device == "cuda")
 

@@ -136,6 +136,7 @@ class Collectives:
                 tensor,
                 carry=True,
                 start=start and (lambda: start(work())),
+                in_place=not copy,
                 **arguments,
             )
             if outcome.carried is not None:

@@ -28,6 +28,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .check_bundle import bundle_spec, bundled, forget_agreed, note_agreed
 from .collective_check import (
     _COMPARED_BYTES,
     _DESCRIPTOR_BYTES,
@@ -87,6 +88,7 @@ def exchange(
     src: Optional[int] = None,
     carry: bool = False,
     start: Optional[Callable[[], Callable]] = None,
+    in_place: bool = False,
 ) -> Outcome:
     """Check that every rank is about to run the same collective; raise CollectiveError everywhere if not.
 
@@ -100,6 +102,7 @@ def exchange(
         carry: send `tensor` in the frame when it fits.
         start: starts the collective itself and returns the function that waits for its result
             (None: the caller runs it).
+        in_place: the caller copies the result into its own tensor at once (a bundle may reuse its buffer).
     """
     argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
     words = _words(collective, sequence, tensor, argument, call_site())
@@ -108,6 +111,14 @@ def exchange(
     nbytes = tensor.numel() * tensor.element_size() if tensor is not None else 0
     fits = carry and tensor is not None and nbytes <= CARRY_BYTES
     key = (words[1], *words[3:14])  # what is compared, but the sequence number
+    spec = (collective, tensor.dtype, tuple(tensor.shape), op, src) if tensor is not None and not fits else None
+    bundle = bundle_spec(backend, CARRY_BYTES)
+    if bundle is not None:  # check_bundle.py: the repeated allreduce carries the check
+        finish = bundled(backend, bundle[1], words, tensor if key == bundle[0] else None, reuse=in_place)
+        if finish is not None:
+            note_agreed(backend, key, spec)
+            return Outcome(finish=finish)
+        forget_agreed(backend)  # every rank agreed on another call: the usual way
     last = getattr(backend, "_last_agreed", None)
     overlap = start is not None and not fits and last is not None and last[0] == key
     frame = bytearray(FRAME_BYTES)
@@ -126,8 +137,9 @@ def exchange(
         finish, rows = None, _gather(backend, mine)
     first = rows[0][:_COMPARED_BYTES]  # everything but the call site
     if all(torch.equal(row[:_COMPARED_BYTES], first) for row in rows[1:]):
-        if not fits and start is not None and tensor is not None:
-            backend._last_agreed = (key, (collective, tensor.dtype, tuple(tensor.shape), op, src))
+        note_agreed(backend, key, spec)
+        if spec is not None and start is not None:
+            backend._last_agreed = (key, spec)
         if fits:
             body = slice(_DESCRIPTOR_BYTES, _DESCRIPTOR_BYTES + nbytes)
             return Outcome(carried=[row[body].view(tensor.dtype).view(tensor.shape) for row in rows])
@@ -141,5 +153,6 @@ def exchange(
     elif any(started) and last is not None:
         _drain(backend, last[1])
     backend._last_agreed = None
+    forget_agreed(backend)
     descriptors = [_Descriptor(row[:_DESCRIPTOR_BYTES].cpu().view(torch.int64).tolist()) for row in rows]
     raise mismatch_error(collective, backend.rank, descriptors)

@@ -1,0 +1,102 @@
+"""The check inside the collective: a repeated mid-sized allreduce carries every rank's descriptor.
+
+Over gloo a message of a few KB costs about what a 1 MB allreduce does (the round trip, not the
+bytes, dominates on a CPU host), so a separate check frame doubled the cost of a 1 MB allreduce
+even when started beside it. Once every rank has agreed on the same allreduce three times in a
+row (a training loop, a sweep), the next checked call of every rank is that allreduce with room
+for the check: the payload, then one slot per rank holding that rank's descriptor as one byte
+per element (exact in every dtype used here), the other ranks' slots neutral for the op (0 for
+sum and max, 255 for min). Every rank decides this from what all ranks agreed before, so all run
+the same collective whatever each is about to call: a rank whose call differs sends zeros and its
+own descriptor. After it every rank reads every descriptor:
+
+- all equal to the repeated call: the payload is the result, in one collective;
+- all equal to each other but a different call: nothing is wrong; the call runs the usual way;
+- otherwise every rank raises the same CollectiveError, as the frame check does.
+
+A miss costs one wasted collective of the repeated size. Only gloo on the CPU bundles (where
+"mean" is a sum then a division, exactly as the unbundled call computes it), only for sizes up
+to BUNDLE_MAX_BYTES: above, copying the payload costs more than the overlapped frame.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from .collective_check import _COMPARED_BYTES, _DESCRIPTOR_BYTES, _PACK, _Descriptor, mismatch_error
+
+__all__ = ["BUNDLE_MAX_BYTES", "BUNDLE_AFTER", "bundle_spec", "bundled", "note_agreed", "forget_agreed"]
+
+BUNDLE_MAX_BYTES = 2 * 2**20
+#: Agreements in a row on the same allreduce before the next call is bundled.
+BUNDLE_AFTER = 3
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32)
+_NEUTRAL = {"sum": 0, "mean": 0, "max": 0, "min": 255}
+
+
+def note_agreed(backend, key: tuple, spec: Optional[tuple]) -> None:
+    """Record a call every rank agreed on (`spec`: collective, dtype, shape, op, src; None if carried)."""
+    state = getattr(backend, "_agreed_run", None)
+    count = state[2] + 1 if state is not None and state[0] == key else 1
+    backend._agreed_run = (key, spec, count)
+
+
+def forget_agreed(backend) -> None:
+    backend._agreed_run = None
+
+
+def bundle_spec(backend, carry_bytes: int) -> Optional[tuple]:
+    """(key, spec) of the allreduce every rank bundles next, or None: the same decision on every rank."""
+    state = getattr(backend, "_agreed_run", None)
+    if state is None or state[1] is None or state[2] < BUNDLE_AFTER or not getattr(backend, "_bundles_checks", False):
+        return None
+    collective, dtype, shape, op, _ = state[1]
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    if collective != "allreduce" or dtype not in _DTYPES or not carry_bytes < nbytes <= BUNDLE_MAX_BYTES:
+        return None
+    return state[0], state[1]
+
+
+def bundled(
+    backend, spec: tuple, words: list, tensor: Optional[torch.Tensor], reuse: bool = False
+) -> Optional[Callable]:
+    """Run `spec`'s allreduce carrying every rank's descriptor (`words`); `tensor` is this rank's
+    payload when its call is the repeated one, else None. Returns the result's getter if every
+    rank made that call, None if they all agree on another one (run it the usual way), else raises.
+    `reuse`: the caller copies the result out before its next collective (``allreduce_``), so the
+    bundle's buffer is kept for the next call instead of allocated anew."""
+    _, dtype, shape, op, _ = spec
+    numel = torch.Size(shape).numel()
+    n, rank = backend.world_size, backend.rank
+    length = numel + n * _DESCRIPTOR_BYTES
+    buffer = getattr(backend, "_bundle_buffer", None) if reuse else None
+    if buffer is None or buffer.numel() != length or buffer.dtype != dtype:
+        buffer = torch.empty(length, dtype=dtype, device=backend.device)  # fresh pages cost as much as a copy
+        if reuse:
+            backend._bundle_buffer = buffer
+    if tensor is not None:
+        buffer[:numel].copy_(tensor.detach().reshape(-1))
+    else:
+        buffer[:numel].zero_()
+    buffer[numel:].fill_(_NEUTRAL[op])
+    mine = bytearray(_DESCRIPTOR_BYTES)
+    _PACK.pack_into(mine, 0, *words)
+    start = numel + rank * _DESCRIPTOR_BYTES
+    buffer[start : start + _DESCRIPTOR_BYTES] = torch.frombuffer(mine, dtype=torch.uint8).to(dtype)
+    result = backend._start_allreduce(buffer, "sum" if op == "mean" else op)()
+    rows = result[numel:].view(n, _DESCRIPTOR_BYTES).to(torch.uint8)
+    first = rows[0, :_COMPARED_BYTES]
+    if all(torch.equal(row[:_COMPARED_BYTES], first) for row in rows[1:]):
+        if tensor is None:
+            return None  # every rank made the same other call
+        payload = result[:numel]
+        if op == "mean":
+            payload.div_(n)
+        return lambda: payload.view(shape)
+    forget_agreed(backend)
+    backend._last_agreed = None
+    descriptors = [_Descriptor(list(_PACK.unpack(bytes(row.tolist())))) for row in rows]
+    collective = _Descriptor(list(words)).collective
+    raise mismatch_error(collective, rank, descriptors)

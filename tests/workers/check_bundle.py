@@ -1,0 +1,98 @@
+"""A repeated mid-sized allreduce that carries the cross-rank check (paraflow/reliability/check_bundle.py).
+
+Usage: torchrun --nproc_per_node 2 tests/workers/check_bundle.py OUT
+Every result is compared element by element with the value computed by hand; OUT/rank<R>.json
+holds the counts of wrong elements, how many calls were bundled, and the mismatch outcomes.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import paraflow
+from paraflow.reliability import check_bundle, check_exchange
+
+N = 5000  # 20 KB in float32: above what rides in the frame, below BUNDLE_MAX_BYTES
+CALLS = check_bundle.BUNDLE_AFTER + 4
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64, "int64": torch.int64}
+bundled_calls = []
+
+
+def count_bundles():
+    original = check_exchange.bundled
+
+    def counting(*args, **kwargs):
+        bundled_calls.append(args[3] is not None)  # this rank's call was the repeated one
+        return original(*args, **kwargs)
+
+    check_exchange.bundled = counting
+
+
+def values(rank: int, call: int, dtype) -> torch.Tensor:
+    return ((torch.arange(N) % 11 - 5) * (rank + 1) + call).to(dtype)
+
+
+def wrong(got, want) -> int:
+    return int(want.numel()) if got.shape != want.shape else int((got != want).sum())
+
+
+def expected(op, rows):
+    stacked = torch.stack(rows)
+    if op == "sum":
+        return stacked.sum(0, dtype=rows[0].dtype) if rows[0].dtype != torch.bfloat16 else sum(rows)
+    if op == "mean":
+        return sum(rows) / len(rows)
+    return stacked.max(0).values if op == "max" else stacked.min(0).values
+
+
+def main(out: Path) -> None:
+    count_bundles()
+    results = {"wrong": {}}
+    with paraflow.init("ddp-gloo") as backend:
+        world, rank = backend.world_size, backend.rank
+        for label, dtype in DTYPES.items():
+            for op in ("sum", "mean", "max", "min"):
+                if op == "mean" and not dtype.is_floating_point:
+                    continue
+                kept, bad = [], 0
+                for call in range(CALLS):
+                    rows = [values(r, call, dtype) for r in range(world)]
+                    x = values(rank, call, dtype)
+                    if call % 2:
+                        kept.append((backend.allreduce(x, op=op), expected(op, rows)))
+                    else:
+                        bad += wrong(backend.allreduce_(x, op), expected(op, rows))
+                bad += sum(wrong(got, want) for got, want in kept)  # results returned earlier still hold
+                results["wrong"][f"{label}/{op}"] = bad
+        results["bundled"] = sum(bundled_calls)
+        mismatches = {}
+        big, other = torch.ones(N), torch.ones(N + 1)
+        cases = {  # rank 0 repeats the primed call, the others do this
+            "other-shape": lambda: backend.allreduce(other),
+            "barrier": backend.barrier,
+            "other-op": lambda: backend.allreduce(big, op="max"),
+            "small": lambda: backend.allreduce(torch.ones(3)),
+        }
+        want = torch.full((N,), float(world))
+        for case, call in cases.items():
+            for _ in range(check_bundle.BUNDLE_AFTER):
+                backend.allreduce(big, op="sum")  # every rank: the run that turns bundling on
+            try:
+                backend.allreduce(big, op="sum") if rank == 0 else call()
+                mismatches[case] = "ok"
+            except paraflow.CollectiveError as exc:
+                mismatches[case] = f"CollectiveError: {exc}"
+            results[f"after/{case}"] = wrong(backend.allreduce(big, op="sum"), want)
+        results["mismatches"] = mismatches
+        for _ in range(check_bundle.BUNDLE_AFTER):
+            backend.allreduce(big, op="sum")
+        backend.barrier()  # every rank leaves the run at once: no error, the usual way
+        results["together"] = wrong(backend.allreduce(other, op="sum"), torch.full((N + 1,), float(world)))
+        results["rank"] = rank
+    (out / f"rank{rank}.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
