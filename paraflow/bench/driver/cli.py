@@ -114,6 +114,31 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the abstraction overhead")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--trace",
+        action="store_true",
+        help="one more launch per multi-process backend and launcher, writing a torch.profiler Chrome trace "
+        "per rank (and horovod's timeline) under OUT/traces/",
+    )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="also launch DDP's bucket_cap_mb x gradient_as_bucket_view and horovod's fusion_threshold_mb x "
+        "cycle_time_ms settings at the largest process count; the tables gain a tuned row per backend",
+    )
+    p.add_argument(
+        "--tune-values",
+        action="append",
+        default=[],
+        metavar="KNOB=V1,V2",
+        help="values to try for one knob instead of the built-in ones (repeatable), e.g. bucket_cap_mb=1,25",
+    )
+    p.add_argument(
+        "--tune-seconds",
+        type=float,
+        default=300.0,
+        help="stop launching tuning settings once they have taken this long (default: 300)",
+    )
+    p.add_argument(
         "--cluster",
         type=int,
         default=0,
@@ -135,6 +160,7 @@ def config_from_args(args: argparse.Namespace):
     """A BenchConfig from parsed arguments."""
     from ...errors import ConfigurationError
     from .config import COLLECTIVES, BenchConfig, message_sizes, parse_size
+    from .tune import parse_tune_values
 
     try:
         nprocs = [int(n) for n in args.nprocs]
@@ -172,6 +198,10 @@ def config_from_args(args: argparse.Namespace):
         seed=args.seed,
         cluster=args.cluster,
         bandwidth=args.bandwidth,
+        trace=args.trace,
+        tune=args.tune,
+        tune_values=parse_tune_values(args.tune_values),
+        tune_seconds=args.tune_seconds,
     )
 
 

@@ -143,6 +143,11 @@ class BenchConfig:
             multi-process cells then have exactly that many processes, and the abstraction
             overhead (a one-host question) is not measured.
         bandwidth: each host link's rate on the emulated cluster, in tc notation (1gbit).
+        trace: also launch each multi-process cell once more at the largest process count, writing a
+            Chrome trace per rank (and horovod's timeline) under OUT/traces/<cell>/.
+        tune: also launch every setting of the backends' communication knobs (tune.py).
+        tune_values: knob -> values, replacing tune.TUNE_GRID's for that knob.
+        tune_seconds: launches of tuning settings stop once they have taken this long.
     """
 
     backends: Optional[list] = None
@@ -176,6 +181,10 @@ class BenchConfig:
     seed: int = 0
     cluster: int = 0
     bandwidth: Optional[str] = None
+    trace: bool = False
+    tune: bool = False
+    tune_values: dict = field(default_factory=dict)
+    tune_seconds: float = 300.0
 
     def __post_init__(self) -> None:
         from ...examples.data import DATASETS

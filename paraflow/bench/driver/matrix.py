@@ -41,6 +41,7 @@ class Cell:
     sweep: bool = False
     tag: str = ""  # tells apart two cells that would otherwise share an id ("aa": the A/A pair)
     repeat: int = 0  # which launch of the same cell (1, 2, ...); 0 for cells launched once
+    options: tuple = ()  # backend options as sorted (name, value) pairs (a tuning setting)
 
     @property
     def group(self) -> str:
@@ -70,6 +71,8 @@ class Cell:
         what = ", ".join(m.label for m in self.models) + (" + collective sweep" if self.sweep else "")
         launch = f" · launch {self.repeat}" if self.repeat else ""
         aa = "A/A check: " if self.tag == "aa" else ""
+        if self.options:
+            aa = f"tuning {', '.join(f'{k}={v}' for k, v in self.options)}: "
         return f"{aa}{self.backend} · {self.launcher} · {procs} · {what}{launch}"
 
 
@@ -188,4 +191,11 @@ def build_matrix(
                     matrix.cells.append(
                         Cell("overhead", name, launcher, n, _threads(n, total_cores), (config.overhead_model,))
                     )
+    if config.trace:
+        widest = max((c.nproc for c in train_cells if c.nproc >= 2), default=0)
+        matrix.cells.extend(replace(c, sweep=False, tag="trace") for c in train_cells if c.nproc == widest)
+    if config.tune:
+        from .tune import tune_cells
+
+        matrix.cells.extend(tune_cells(train_cells, config.tune_values, lambda b: _backend_class(b).OPTIONS))
     return matrix

@@ -21,7 +21,7 @@ from .runner import run_cells, worker_entry
 
 __all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
 
-OUTPUT_FILES = ("results.json", "results.md", *CSV_TABLES, "throughput.png", "busbw.png")
+OUTPUT_FILES = ("results.json", "results.md", *CSV_TABLES, "throughput.png", "busbw.png", "breakdown.png")
 #: Files an earlier version of the benchmark wrote; removed so they cannot pass for this run's.
 STALE_FILES = ("allreduce.csv", "allreduce_summary.csv")
 
@@ -30,6 +30,7 @@ def _prepare(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name in OUTPUT_FILES + STALE_FILES:  # no stale file from an earlier run may pass for this one's
         (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "traces", ignore_errors=True)
     raw = out / "raw"
     shutil.rmtree(raw, ignore_errors=True)  # cells of an earlier run would pass for this one's
     raw.mkdir()
@@ -90,7 +91,12 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         "cells": cells,
         "tables": tables,
         "verdict": tables["verdict"],
+        "traces": sorted(str(p.relative_to(out)) for p in (out / "traces").rglob("*.json")),
     }
+    ran = {c["id"] for c in cells}
+    for cell in matrix.cells:
+        if cell.options and cell.id not in ran:
+            results["skipped"][f"tuning {cell.id}"] = f"the tuning budget of {config.tune_seconds:g} s was spent"
 
     plots = []
     if config.plots:

@@ -16,6 +16,7 @@ from ...environment.launchers import launcher_variables
 from ...tools.launch import launch_command, run_launch
 from .config import BenchConfig
 from .matrix import Cell
+from .trace_launch import trace_args, trace_env
 
 __all__ = ["CellResult", "run_cells", "worker_entry", "worker_args", "cell_env", "failure_reason", "command_line"]
 
@@ -58,6 +59,7 @@ class CellResult:
             "threads": c.threads,
             "models": [str(m) for m in c.models],
             "sweep": c.sweep,
+            "options": dict(c.options),
             "command": command_line(self.command, self.env),
             "status": self.status,
             "error": self.error,
@@ -110,6 +112,9 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     args += ["--max-warmup", str(config.max_warmup), "--scaling", ",".join(config.scaling)]
     for spec in cell.models:
         args += ["--model", str(spec)]
+    for key, value in cell.options:
+        args += ["--option", f"{key}={value}"]
+    args += trace_args(cell, out_dir)
     if cell.sweep:
         args += ["--sweep-sizes", ",".join(map(str, config.sizes))]
         args += ["--collectives", ",".join(config.collectives), "--dtypes", ",".join(config.dtypes)]
@@ -194,7 +199,7 @@ def run_cell(
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("rank*.json"):
         old.unlink()
-    env = cell_env(cell, timeout)
+    env = {**cell_env(cell, timeout), **trace_env(cell, out_dir)}
     start = time.monotonic()
     try:
         if cluster is not None:
@@ -260,9 +265,13 @@ def run_cells(
     progress = sys.stdout if progress is True else (progress or None)
     timeout = config.timeout if timeout is None else timeout
     results, start, total = [], time.monotonic(), len(cells)
-    width = len(str(total))
+    width, tuning_s = len(str(total)), 0.0
     for i, cell in enumerate(cells, 1):
         elapsed = time.monotonic() - start
+        if cell.options and tuning_s >= config.tune_seconds:
+            if progress:
+                print(f"[{i:>{width}}/{total}] not run (tuning budget spent) · {cell.label}", file=progress)
+            continue
         if progress:
             print(
                 f"[{i:>{width}}/{total}] {_clock(elapsed)} elapsed, {total - i} left · {cell.label}",
@@ -271,6 +280,7 @@ def run_cells(
             )
         result = run_cell(cell, config, raw_dir, timeout, entry, cluster)
         results.append(result)
+        tuning_s += result.elapsed_s if cell.options else 0.0
         if progress:
             print(f"    $ {command_line(result.command, result.env)}", file=progress)
             outcome = "ok" if result.ok else f"{result.status.upper()}: {result.error}"

@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 from collections.abc import Iterator
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Optional
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ...examples.data import load_dataset
 from ...examples.models import build_model, count_parameters
 from ..driver.config import ModelSpec
+from .breakdown import run_pairs, step_parts, window_breakdown
 from .model_state import model_state_bytes
 from .warmup import WINDOW, warm_up
 
@@ -104,16 +105,27 @@ def make_batches(backend, data: str, batch_size: int, seed: int) -> tuple[Iterat
 
 
 def make_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, marks: Optional[dict] = None
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """One training step as every backend runs it: to device, zero grads, forward, backward, step."""
+    """One training step as every backend runs it: to device, zero grads, forward, backward, step.
+
+    With `marks`, each step stores in it the clock after zero_grad ("zeroed"), after backward
+    ("backward") and after the optimizer step ("optimizer"), for the step breakdown.
+    """
+    clock = time.perf_counter
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         x, y = x.to(device), y.to(device)
         optimizer.zero_grad()  # torch >= 2: set_to_none=True
+        if marks is not None:
+            marks["zeroed"] = clock()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
+        if marks is not None:
+            marks["backward"] = clock()
         optimizer.step()
+        if marks is not None:
+            marks["optimizer"] = clock()
         return loss.detach()
 
     return step
@@ -180,7 +192,8 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
     grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
     model = backend.wrap_model(module)
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
-    step = make_step(model, optimizer, device)
+    marks: dict = {}
+    step = make_step(model, optimizer, device, marks)
 
     def one_step() -> float:
         loss = step(*next(batches))
@@ -192,14 +205,16 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
     steps = timed_steps(warm["warmup_s"], min_steps, min_window_s)
     backend.barrier()
 
-    step_s, losses = [], []
+    step_s, losses, parts = [], [], []
     window_start = time.perf_counter()
     for _ in range(steps):
         t0 = time.perf_counter()
         loss = step(*next(batches))
         device_sync(device)
-        step_s.append(time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        step_s.append(t1 - t0)
         losses.append(loss)
+        parts.append(step_parts(marks, t0, t1))
     window_s = time.perf_counter() - window_start
     result = {
         "model": spec.label,
@@ -224,21 +239,18 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
     }
 
     if backend.MULTI_PROCESS:
-        # Communication overhead: pairs of steps with and without gradient sync, order alternating.
+        # Communication overhead and the step breakdown: pairs of steps with and without gradient
+        # sync, order alternating, timed in parts (breakdown.py).
         backend.barrier()
-        sync_s, no_sync_s = [], []
-        for i in range(max(1, (steps + 1) // 2)):
-            for synced in (True, False) if i % 2 == 0 else (False, True):
-                t0 = time.perf_counter()
-                if synced:
-                    step(*next(batches))
-                else:
-                    with backend.no_sync(model), local_update(optimizer):
-                        step(*next(batches))
-                device_sync(device)
-                (sync_s if synced else no_sync_s).append(time.perf_counter() - t0)
-        result.update(sync_pair_step_s=sync_s, no_sync_step_s=no_sync_s)
+        result.update(run_pairs(backend, model, optimizer, step, marks, batches, max(1, (steps + 1) // 2)))
+    else:
+        result["breakdown"] = window_breakdown(parts)  # one process: nothing to communicate
 
     result.update(peak_memory_bytes=peak_memory_bytes(device), memory_kind=memory_kind)
+    if getattr(settings, "trace", None):  # after every measurement: the profiler slows what it records
+        from .trace import write_trace
+
+        name = spec.label if scaling == "weak" else f"{spec.label} {scaling}"
+        result["trace"] = write_trace(backend, step, batches, settings.trace, name)
     backend.barrier()
     return result

@@ -75,6 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-seconds", type=float, default=20.0, help="overhead: seconds of rounds, about, at most")
     p.add_argument("--min-window", type=float, default=0.0, help="seconds the timed window lasts, at least")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", type=Path, default=None, help="write a Chrome trace of a few steps per model here")
+    p.add_argument("--option", action="append", default=[], help="backend option KEY=VALUE (repeatable)")
     return p.parse_args(argv)
 
 
@@ -148,10 +150,12 @@ def main(argv=None) -> int:
 
     import paraflow
 
+    from ..driver.tune import option_value
     from .train_loop import run_training
 
-    with paraflow.init(args.backend) as backend:
-        rank_file = RankFile(args.out, backend.rank, _meta(backend, pinned))
+    options = {k: option_value(v) for k, _, v in (o.partition("=") for o in args.option)}
+    with paraflow.init(args.backend, **options) as backend:
+        rank_file = RankFile(args.out, backend.rank, {**_meta(backend, pinned), "options": options})
         for text in args.model:
             spec = ModelSpec.parse(text)
             for scaling in args.scaling.split(","):

@@ -41,13 +41,18 @@ def _inside(value, low, high) -> bool:
     return value is not None and low is not None and high is not None and low <= value <= high
 
 
+def _default(row: dict) -> bool:
+    """Default settings only: a tuned row's setting may differ between runs."""
+    return row.get("setting", "default") == "default"
+
+
 def compare_runs(a: dict, b: dict) -> dict:
     """{"rows": [...], "claims": {"same": [...], "only_a": [...], "only_b": [...]}, "agree": bool}."""
-    rows_b = {tuple(r.get(k) for k in _KEY): r for r in b["tables"]["training"]}
+    rows_b = {tuple(r.get(k) for k in _KEY): r for r in b["tables"]["training"] if _default(r)}
     rows = []
     for ra in a["tables"]["training"]:
         rb = rows_b.get(tuple(ra.get(k) for k in _KEY))
-        if rb is None:
+        if rb is None or not _default(ra):
             continue
         entry = {k: ra.get(k) for k in _KEY}
         for key in FIGURES:

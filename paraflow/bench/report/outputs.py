@@ -18,6 +18,7 @@ from .tables import (
     render,
     sweep_columns,
 )
+from .tables_tuning import TUNING_COLUMNS
 
 __all__ = [
     "require_tabulate",
@@ -42,6 +43,7 @@ def csv_tables(unit: str = "GB/s") -> dict:
         "sweep_summary.csv": ("sweep_footer", SWEEP_FOOTER_COLUMNS),
         "memcpy.csv": ("memcpy", MEMCPY_COLUMNS),
         "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
+        "tuning.csv": ("tuning", TUNING_COLUMNS),
     }
 
 
@@ -64,6 +66,16 @@ DEFINITIONS = [
     "comm overhead: 1 - t_step(no gradient sync) / t_step(with it), medians of interleaved pairs of steps; the "
     "step without sync runs forward and backward under backend.no_sync and a local optimizer update "
     "(horovod's inside optimizer.skip_synchronize(), since its step() would reduce the skipped gradients).",
+    "step breakdown (compute, overlapped comm, exposed comm, optimizer, other; ms): timestamps on the "
+    "interleaved pairs of steps with and without gradient sync (no extra steps). compute = forward + backward of "
+    "the step without sync; optimizer = its optimizer step (a local update); exposed comm = what the synced step "
+    "waits for communication after its compute: its backward's tail after the last gradient is ready (where "
+    "DDP and fsdp wait for their buckets) beyond the unsynced step's tail, plus its wait in optimizer.step's "
+    "synchronize (horovod); overlapped comm = the synced backward from the first gradient ready (when "
+    "communication can start) to the last, an upper bound on communication hidden behind compute, not one of "
+    "the summed parts; other = synced step - compute - exposed - optimizer (to device, zero_grad, device sync, "
+    "compute slowed by communication sharing the cores). Per pair the slowest rank's synced step and its parts; "
+    "per launch medians over pairs. One process (single): every timed step, no communication.",
     "peak mem: peak resident set size of the process on CPU (max over ranks), torch's peak allocated memory on CUDA.",
     "model state: bytes of parameters, gradients and optimizer state one rank holds after a step, from the "
     "tensors (a sharded backend's local shards), max over ranks.",
@@ -136,6 +148,7 @@ def _sections(results: dict, fmt: str) -> list:
             else "no result"
         )
         hidden = TRAINING_HIDDEN + (("speedup",) if scaling == "weak" else ())
+        hidden += ("setting",) if all(r.get("setting", "default") == "default" for r in rows) else ()
         title = f"Training: {model}, {scaling} scaling ({about})"
         sections.append((title, render(rows, TRAINING_COLUMNS, fmt, drop=hidden)))
     footers = {
@@ -154,6 +167,13 @@ def _sections(results: dict, fmt: str) -> list:
         )
     if tables["memcpy"]:
         sections.append(("Memory-copy bandwidth of this machine", render(tables["memcpy"], MEMCPY_COLUMNS, fmt)))
+    if tables.get("tuning"):
+        sections.append(
+            (
+                "Tuning: every setting measured (the chosen one is each table's tuned row)",
+                render(tables["tuning"], TUNING_COLUMNS, fmt),
+            )
+        )
     if tables["overhead"]:
         sections.append(
             (
@@ -210,6 +230,15 @@ def markdown_report(results: dict, plots: list) -> str:
         lines += [f"## {title}", "", text, ""]
     for plot in plots:
         lines += [f"![{plot}]({plot})", ""]
+    if results.get("traces"):
+        lines += [
+            "## Traces",
+            "",
+            "Chrome traces (chrome://tracing, ui.perfetto.dev) of a few steps per rank, and horovod's timeline:",
+            "",
+            *[f"- [{t}]({t})" for t in results["traces"]],
+            "",
+        ]
     if _skipped(results):
         lines += ["## Not run here", "", *[f"- {_md_escape(s)}" for s in _skipped(results)], ""]
     if _failures(results):

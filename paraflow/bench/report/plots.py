@@ -8,7 +8,7 @@ from pathlib import Path
 from ...errors import MissingDependencyError
 from .header import busy_warning, header_lines
 
-__all__ = ["write_plots", "size_label", "require_pyplot", "throughput_figure", "busbw_figure"]
+__all__ = ["write_plots", "size_label", "require_pyplot", "throughput_figure", "busbw_figure", "footer"]
 
 
 def require_pyplot():
@@ -34,7 +34,7 @@ def size_label(size: int) -> str:
     return str(size)
 
 
-def _footer(fig, header: dict) -> float:
+def footer(fig, header: dict) -> float:
     """Write the header under the plot, wrapped to the figure's width; returns its height (0..1)."""
     lines = header_lines(header, with_commands=False)[:4] + ["exact commands: results.md"]
     warning = busy_warning(header)
@@ -74,7 +74,8 @@ def throughput_figure(rows: list, header: dict):
         counts = sorted({r["processes"] for r in mine})
         series = {}
         for r in mine:
-            series.setdefault(f"{r['backend']} · {r['launcher']}", []).append(r)
+            tuned = " · tuned" if r.get("setting", "default") != "default" else ""
+            series.setdefault(f"{r['backend']} · {r['launcher']}{tuned}", []).append(r)
         for label, points in series.items():
             points.sort(key=lambda r: r["processes"])
             ax.errorbar(
@@ -100,7 +101,7 @@ def throughput_figure(rows: list, header: dict):
         "Training throughput against process count (weak scaling: fixed batch per process; "
         "bars: 95% intervals over launches)"
     )
-    fig.tight_layout(rect=(0, _footer(fig, header), 1, 0.95))
+    fig.tight_layout(rect=(0, footer(fig, header), 1, 0.95))
     return fig
 
 
@@ -159,7 +160,7 @@ def busbw_figure(rows: list, memcpy: list, header: dict, unit: str):
         ax.set_title(f"{collective} {dtype}: bus bandwidth (bars: 95% intervals over launches)", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.tight_layout(rect=(0, _footer(fig, header), 1, 1))
+    fig.tight_layout(rect=(0, footer(fig, header), 1, 1))
     return fig
 
 
@@ -179,4 +180,9 @@ def write_plots(results: dict, out: Path) -> list:
         unit = results.get("config", {}).get("units", "GB/s")
         _save(busbw_figure(tables["sweep"], tables["memcpy"], header, unit), out / "busbw.png")
         written.append("busbw.png")
+    if any(r["status"].startswith("ok") and r.get("compute_ms") is not None for r in tables["training"]):
+        from .breakdown import breakdown_figure
+
+        _save(breakdown_figure(tables["training"], header), out / "breakdown.png")
+        written.append("breakdown.png")
     return written

@@ -102,13 +102,15 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
 def _build(cells: list, opts: dict) -> dict:
     memcpy = memcpy_rows(cells, opts["units"])
     sweep, footers, unsupported = sweep_rows(cells, memcpy, opts["units"])
-    training, estimates = training_rows(cells, opts["scaling"], opts["noisy"])
+    tuning: list = []
+    training, estimates = training_rows(cells, opts["scaling"], opts["noisy"], tuning)
     overhead = overhead_rows(cells)
     floor = noise_floor(cells)
     spread = (floor or {}).get("spread") or 0.0
     verdict = training_verdict(training, estimates, spread) + overhead_lines(overhead) + sweep_lines(footers)
     return {
         "training": training,
+        "tuning": tuning,
         "sweep": sweep,
         "sweep_footer": footers,
         "sweep_unsupported": unsupported,

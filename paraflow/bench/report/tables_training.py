@@ -16,7 +16,9 @@ import torch
 
 from ..driver.config import ModelSpec
 from . import intervals, metrics
-from .launches import device_name, group_status, groups, rounded, task_of
+from .breakdown import BREAKDOWN_COLUMNS, breakdown_estimates, launch_parts
+from .launches import device_name, group_status, groups, rounded, task_of, tuning_groups
+from .tables_tuning import DEFAULT_SETTING, tuned_row
 
 __all__ = ["TRAINING_COLUMNS", "training_rows", "TASK_PREFIX"]
 
@@ -28,6 +30,7 @@ TRAINING_COLUMNS = {
     "scaling": "scaling",
     "backend": "backend",
     "launcher": "launcher",
+    "setting": "setting",
     "transport": "transport",
     "device": "device",
     "processes": "procs",
@@ -45,6 +48,7 @@ TRAINING_COLUMNS = {
     "speedup": "speedup",
     "scaling_efficiency": "scaling eff",
     "comm_overhead": "comm overhead",
+    **BREAKDOWN_COLUMNS,
     "warmup_steps": "warm-up steps",
     "peak_mem_mb": "peak mem MB",
     "model_state_mb": "model state MB",
@@ -113,6 +117,7 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
         backend=first["backend"],
         launcher=first["launcher"],
         processes=first["nproc"],
+        setting=DEFAULT_SETTING,
         transport=meta.get("transport"),
         device=device_name(meta["device"]) if meta.get("device") else None,
         threads_per_process=meta.get("torch_threads", first["threads"]),
@@ -134,6 +139,8 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
     _put(row, "samples_per_s", x, 1, 1)
     _put(row, "samples_per_s_per_process", x, 1 / first["nproc"], 1)
     _put(row, "comm_overhead", comm, 1, 4)
+    for column, est in breakdown_estimates([launch_parts(t) for _, t in found], *key).items():
+        _put(row, column, est, 1e3, 3)
     row.update(
         model=t0["model"],
         batch_per_rank=t0["batch_per_rank"],
@@ -196,7 +203,7 @@ def _scale(rows: list, estimates: list, noisy: float) -> None:
         est["eff"] = eff
 
 
-def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10) -> tuple[list, list]:
+def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10, tuning: list = None) -> tuple:
     """(rows, estimates): one row per model x scaling x cell group, the single baseline first per model.
 
     Efficiency: weak scaling (fixed batch per rank) X / (replicas * X_single); strong scaling
@@ -204,12 +211,20 @@ def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10)
     row of the same model and device. `estimates` holds each row's interval estimates (for the verdict).
     """
     rows, estimates = [], []
+    tuned = tuning_groups(cells)
     for group, launches in groups(cells, "train").items():
         for spec in launches[0]["models"]:
             for scaling in scalings:
                 row, est = _row(group, launches, spec, scaling)
                 rows.append(row)
                 estimates.append(est)
+                if group in tuned:  # the tuned row beside the default one
+                    best, best_est, candidates = tuned_row(tuned[group], spec, scaling, _row)
+                    if tuning is not None:
+                        tuning.extend(candidates)
+                    if best is not None:
+                        rows.append(best)
+                        estimates.append(best_est)
     for row in rows:
         row.setdefault("_replicas", row["processes"])
     _scale(rows, estimates, noisy)

@@ -41,7 +41,7 @@ def _percent_text(est: intervals.Estimate) -> str:
     return f"{est.value:.0%} [{est.low:.0%}–{est.high:.0%}]"
 
 
-def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor: float) -> dict:
+def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor: float, tuned: bool = False) -> dict:
     """entries: (row, estimates) of one model, scaling and process count, each with a throughput."""
     entries = sorted(entries, key=lambda e: -e[1]["x"].value)
     fast_row, fast = entries[0]
@@ -54,6 +54,7 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor:
     ties = sorted([_name(fast_row)] + [o["name"] for o in others if not o["slower"]])
     behind = sorted(o["name"] for o in others if o["slower"])
     where = f"{model}, {n} process{'es' * (n > 1)}" + (", strong scaling" if scaling == "strong" else "")
+    where += ", tuned against tuned" if tuned else ""
     claim = f"{where}: fastest {' = '.join(ties)}" + (f"; slower: {', '.join(behind)}" if behind else "")
     parts = [f"{where}: fastest {_name(fast_row)} ({fast['x'].value:,.0f} samples/s)"]
     for o in others:
@@ -71,6 +72,7 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor:
         "model": model,
         "scaling": scaling,
         "processes": n,
+        "tuned": tuned,
         "fastest": ties,
         "slower": [o for o in others if o["slower"]],
         "no_significant_difference": [o for o in others if not o["slower"]],
@@ -83,12 +85,14 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor:
 
 
 def training_verdict(rows: list, estimates: list, noise_floor: float = 0.0) -> list:
-    """One entry per model x scaling x process count with at least one measured row."""
+    """One entry per model x scaling x process count with at least one measured row: default
+    settings against default settings, and (with tuning rows) tuned against tuned."""
     grouped: dict = {}
     for row, est in zip(rows, estimates):
         if est and est.get("x") is not None:
-            grouped.setdefault((row["model"], row["scaling"], row["processes"]), []).append((row, est))
-    return [_group_verdict(m, s, n, entries, noise_floor) for (m, s, n), entries in grouped.items()]
+            tuned = row.get("setting", "default") != "default"
+            grouped.setdefault((row["model"], row["scaling"], row["processes"], tuned), []).append((row, est))
+    return [_group_verdict(m, s, n, entries, noise_floor, tuned) for (m, s, n, tuned), entries in grouped.items()]
 
 
 def overhead_lines(rows: list) -> list:

@@ -1,0 +1,141 @@
+"""The step breakdown and the tuning choice, from hand-made marks and rows (no processes)."""
+
+import pytest
+import torch
+
+from paraflow.bench.driver.tune import TUNE_GRID, grid_for, option_value, parse_tune_values, tune_cells
+from paraflow.bench.rank.breakdown import gradient_clock, pair_breakdown, step_parts, timed_synchronize
+from paraflow.bench.report.breakdown import SUMMED, breakdown_estimates, launch_parts
+from paraflow.bench.report.tables_tuning import tuned_row
+from paraflow.errors import ConfigurationError
+
+
+def marks(zeroed, first, last, backward, optimizer, sync=None):
+    m = {"zeroed": zeroed, "backward": backward, "optimizer": optimizer}
+    if first is not None:
+        m.update(first_grad=first, last_grad=last)
+    if sync:
+        m.update(sync_start=sync[0], sync_end=sync[1])
+    return m
+
+
+def test_a_ddp_pair_splits_into_parts_that_add_up_to_the_synced_step():
+    # synced: 1 ms to device and zero_grad, forward+backward to 6 ms (gradients ready 3..5 ms, then
+    # 1 ms waiting for the last bucket), optimizer 6..7 ms, device sync to 7.5 ms
+    synced = step_parts(marks(1e-3, 3e-3, 5e-3, 6e-3, 7e-3), 0.0, 7.5e-3)
+    unsynced = step_parts(marks(1e-3, 3e-3, 4.9e-3, 5e-3, 6e-3), 0.0, 6.2e-3)
+    parts = pair_breakdown(synced, unsynced)
+    assert parts["compute_s"] == pytest.approx(4e-3) and parts["optimizer_s"] == pytest.approx(1e-3)
+    assert parts["exposed_comm_s"] == pytest.approx(1e-3 - 0.1e-3)  # the synced tail beyond the unsynced one
+    assert parts["overlapped_comm_s"] == pytest.approx(2e-3)  # first to last gradient
+    assert parts["step_s"] == pytest.approx(7.5e-3)
+
+
+def test_horovod_exposed_communication_is_the_wait_in_synchronize():
+    synced = step_parts(marks(1e-3, 2e-3, 4e-3, 4e-3, 8e-3, sync=(4e-3, 7e-3)), 0.0, 8e-3)
+    unsynced = step_parts(marks(1e-3, 2e-3, 4e-3, 4e-3, 5e-3), 0.0, 5e-3)
+    parts = pair_breakdown(synced, unsynced)
+    assert parts["exposed_comm_s"] == pytest.approx(3e-3) and parts["optimizer_s"] == pytest.approx(1e-3)
+
+
+def test_without_gradient_hooks_the_whole_backward_difference_is_exposed_and_overlap_unknown():
+    synced = step_parts(marks(1e-3, None, None, 9e-3, 10e-3), 0.0, 10e-3)
+    unsynced = step_parts(marks(1e-3, None, None, 6e-3, 7e-3), 0.0, 7e-3)
+    parts = pair_breakdown(synced, unsynced)
+    assert parts["exposed_comm_s"] == pytest.approx(3e-3) and parts["overlapped_comm_s"] is None
+
+
+def test_hooks_time_the_gradients_and_the_synchronize_wait_then_go_away():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    m = {}
+    with gradient_clock(model, m):
+        model(torch.ones(2, 3)).sum().backward()
+        assert m["first_grad"] <= m["last_grad"]
+    m.clear()
+    model(torch.ones(2, 3)).sum().backward()
+    assert m == {}  # hooks removed
+
+    class Waiting:
+        def synchronize(self):
+            return "waited"
+
+    opt = Waiting()
+    with timed_synchronize(opt, m):
+        assert opt.synchronize() == "waited" and m["sync_start"] <= m["sync_end"]
+    assert opt.synchronize.__func__ is Waiting.synchronize  # restored
+
+
+def rank(step, compute, exposed, optimizer, overlapped=None):
+    return {
+        "breakdown": {
+            "step_s": step,
+            "compute_s": compute,
+            "exposed_comm_s": exposed,
+            "optimizer_s": optimizer,
+            "overlapped_comm_s": overlapped or [0.0] * len(step),
+        }
+    }
+
+
+def test_each_pair_takes_the_slowest_ranks_parts_and_other_closes_the_sum():
+    fast = rank([5.0, 9.0], [3.0, 3.0], [1.0, 1.0], [0.5, 0.5])
+    slow = rank([6.0, 4.0], [4.0, 2.0], [0.5, 0.5], [1.0, 1.0])
+    parts = launch_parts([fast, slow])
+    assert parts["step"] == [6.0, 9.0] and parts["compute_ms"] == [4.0, 3.0]
+    assert parts["other_ms"] == [0.5, 4.5]
+    for i, step in enumerate(parts["step"]):
+        assert sum(parts[k][i] for k in SUMMED) == pytest.approx(step)
+    assert launch_parts([fast, {"tasks": {}}]) is None  # a rank without a breakdown: no breakdown
+    with pytest.raises(ValueError, match="different numbers"):
+        launch_parts([fast, rank([1.0], [1.0], [0.0], [0.0])])
+
+
+def test_breakdown_estimates_are_medians_over_launches_with_intervals():
+    launches = [launch_parts([rank([s], [s / 2], [s / 4], [s / 8])]) for s in (8.0, 16.0, 24.0)]
+    est = breakdown_estimates(launches, "group", "task")
+    assert est["compute_ms"].value == 8.0 and est["other_ms"].value == 2.0
+    assert est["compute_ms"].low <= 8.0 <= est["compute_ms"].high
+    assert breakdown_estimates([None]) == {}
+
+
+def test_tuning_grid_takes_each_backends_own_knobs_and_replacements():
+    ddp = frozenset({"bucket_cap_mb", "gradient_as_bucket_view", "static_graph"})
+    assert len(grid_for(ddp)) == len(TUNE_GRID["bucket_cap_mb"]) * len(TUNE_GRID["gradient_as_bucket_view"])
+    assert grid_for(ddp, {"bucket_cap_mb": (1,), "gradient_as_bucket_view": (True,)}) == [
+        (("bucket_cap_mb", 1), ("gradient_as_bucket_view", True))
+    ]
+    assert grid_for(frozenset({"timeout"})) == []
+    assert parse_tune_values(["cycle_time_ms=0.5,2"]) == {"cycle_time_ms": (0.5, 2)}
+    assert option_value("false") is False and option_value("25") == 25
+    with pytest.raises(ConfigurationError, match="KNOB=V1,V2"):
+        parse_tune_values(["buckets=1"])
+
+
+def test_tune_cells_run_at_the_largest_process_count_interleaving_backends():
+    from paraflow.bench.driver.matrix import Cell
+
+    cells = [Cell("train", b, "x", n, 1) for b in ("ddp-gloo", "horovod") for n in (1, 2)]
+    options = {"ddp-gloo": frozenset({"bucket_cap_mb"}), "horovod": frozenset({"cycle_time_ms"})}
+    tuned = tune_cells(cells, {"bucket_cap_mb": (1, 25), "cycle_time_ms": (1, 5)}, options.get)
+    assert [(c.backend, c.nproc, c.options) for c in tuned] == [
+        ("ddp-gloo", 2, (("bucket_cap_mb", 1),)),
+        ("horovod", 2, (("cycle_time_ms", 1),)),
+        ("ddp-gloo", 2, (("bucket_cap_mb", 25),)),
+        ("horovod", 2, (("cycle_time_ms", 5),)),
+    ]
+    assert len({c.id for c in tuned}) == 4 and all(c.tag.startswith("tune") for c in tuned)
+
+
+def test_the_tuned_row_is_the_setting_with_the_lowest_step_time():
+    def build(group, launches, spec, scaling):
+        step = launches[0]["step"]
+        return {"step_ms_median": step, "model": spec, "scaling": scaling, "launches": 1}, {"group": group}
+
+    settings = {
+        "a": [{"options": {"bucket_cap_mb": 1}, "step": 3.0}],
+        "b": [{"options": {"bucket_cap_mb": 25}, "step": 2.0}],
+        "c": [{"options": {"bucket_cap_mb": 100}, "step": 4.0}],
+    }
+    row, est, table = tuned_row(settings, "mlp", "weak", build)
+    assert row["setting"] == "tuned: bucket_cap_mb=25 (best of 3)" and row["step_ms_median"] == 2.0
+    assert est == {"group": "b"} and [t["chosen"] for t in table] == [False, True, False]
