@@ -153,6 +153,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="run nothing: print two results folders' medians side by side with their intervals "
         "and whether their verdicts match",
     )
+    p.add_argument(
+        "--project-only",
+        metavar="RUN",
+        help="run nothing: fit the cost model to a results folder and project it to many hosts",
+    )
     return p
 
 
@@ -211,6 +216,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         from ..report.compare import compare_main
 
         return compare_main(*args.compare)
+    if args.project_only:
+        from ..report.project_cli import project_main
+
+        return project_main(args.project_only, plots=args.plots)
     from .run import exit_status, run_bench
 
     return exit_status(run_bench(config_from_args(args)))

@@ -18,6 +18,7 @@ from .tables import (
     render,
     sweep_columns,
 )
+from .tables_model import FIT_COLUMNS, PROJECTION_COLUMNS, PUBLISHED_COLUMNS, model_sections
 from .tables_tuning import TUNING_COLUMNS
 
 __all__ = [
@@ -44,6 +45,9 @@ def csv_tables(unit: str = "GB/s") -> dict:
         "memcpy.csv": ("memcpy", MEMCPY_COLUMNS),
         "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
         "tuning.csv": ("tuning", TUNING_COLUMNS),
+        "costmodel.csv": ("costmodel_fit", FIT_COLUMNS),
+        "projection.csv": ("projection", PROJECTION_COLUMNS),
+        "published.csv": ("published", PUBLISHED_COLUMNS),
     }
 
 
@@ -94,6 +98,12 @@ DEFINITIONS = [
     f"waiting in its polling waits, over the raw step; within {OVERHEAD_TARGET:.0%}: yes when the paired "
     "interval lies at or below the target (or straddles it and the direct upper bound is below), no when it lies "
     "above (or the direct lower bound does), unresolved otherwise or when the control finds a difference.",
+    "cost model: per backend, launcher and process count, allreduce time T = a(n)·α + b(n)·S/B fitted to the "
+    "raw library's sweep times (weighted least squares on relative error; ring for gloo, Open MPI's "
+    "Rabenseifner for horovod under mpirun); predicted step = compute (compute_ms, else the median no-sync "
+    "step) + the modelled time of the messages the backend sends (DDP buckets, horovod fusion buffers, fsdp "
+    "all-gathers and reduce-scatters), no overlap; prediction error = predicted / measured median - 1. The "
+    "projection carries the same to N hosts: it is computed, not measured.",
     "verdict: per model and process count, the backend and launcher with the highest samples/s; another is "
     "slower when the 95% interval of the throughput ratio lies above 1 and the ratio exceeds the A/A noise "
     "floor, else no significant difference.",
@@ -181,7 +191,7 @@ def _sections(results: dict, fmt: str) -> list:
                 render(tables["overhead"], OVERHEAD_COLUMNS, fmt),
             )
         )
-    return sections
+    return sections + model_sections(tables, fmt)
 
 
 def verdict_lines(results: dict) -> list:
@@ -254,7 +264,7 @@ def write_csvs(results: dict, out: Path) -> list:
     written = []
     comment = [f"# {line}" for line in header_lines(results["header"])]
     for name, (key, columns) in csv_tables(results.get("config", {}).get("units", "GB/s")).items():
-        rows = results["tables"][key]
+        rows = results["tables"].get(key, [])
         keys = csv_columns(columns, rows)
         with open(out / name, "w", newline="") as f:
             f.write("\n".join(comment) + "\n")

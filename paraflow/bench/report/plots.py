@@ -170,7 +170,7 @@ def _save(fig, path: Path) -> None:
 
 
 def write_plots(results: dict, out: Path) -> list:
-    """throughput.png and busbw.png (when there is something to draw); returns the file names."""
+    """throughput.png, busbw.png and projection.png (when there is something to draw); returns the file names."""
     tables, header = results["tables"], results["header"]
     written = []
     if any(r["status"].startswith("ok") and r["samples_per_s"] is not None for r in tables["training"]):
@@ -185,4 +185,9 @@ def write_plots(results: dict, out: Path) -> list:
 
         _save(breakdown_figure(tables["training"], header), out / "breakdown.png")
         written.append("breakdown.png")
+    if tables.get("projection"):
+        from .plots_projection import projection_figure
+
+        _save(projection_figure(tables, header), out / "projection.png")
+        written.append("projection.png")
     return written

@@ -15,6 +15,7 @@ import torch
 from . import intervals, metrics
 from .launches import groups, task_of
 from .tables_collectives import MEMCPY_COLUMNS, SWEEP_FOOTER_COLUMNS, memcpy_rows, sweep_columns, sweep_rows
+from .tables_model import model_tables
 from .tables_overhead import OVERHEAD_COLUMNS, OVERHEAD_TARGET, overhead_rows
 from .tables_training import TRAINING_COLUMNS, training_rows
 from .verdict import overhead_lines, sweep_lines, training_verdict
@@ -44,8 +45,15 @@ PERCENT_KEYS = {
     "control_overhead",
     "direct_overhead_low",
     "direct_overhead_high",
+    "prediction_error",
+    "efficiency",
+    "efficiency_no_overlap",
+    "efficiency_overlap",
+    "published",
+    "rms_residual",
+    "max_residual",
 }
-SIGNED_PERCENT_KEYS = {"abstraction_overhead", "paired_overhead", "control_overhead"}
+SIGNED_PERCENT_KEYS = {"abstraction_overhead", "paired_overhead", "control_overhead", "prediction_error"}
 #: Which figures a row's "noisy" names mark.
 NOISY_KEYS = {
     "step": ("step_ms_median",),
@@ -88,13 +96,14 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
     """Every table from the cell records, and the verdict.
 
     Tables: training, sweep (+ sweep_footer, sweep_unsupported), memcpy, overhead; noise_floor
-    (the A/A check); verdict (list of {claim, text}). `config` (results.json's) gives the noisy
+    (the A/A check); verdict (list of {claim, text}); the cost model's costmodel_fit, predictions,
+    projection and published (tables_model.py). `config` (results.json's) gives the noisy
     bound, the bandwidth unit and the scaling modes.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # many small tensor operations: on a busy machine 2 threads took 20x longer
     try:
-        return _build(cells, _options(config))
+        return _build(cells, {**_options(config), "header": header})
     finally:
         torch.set_num_threads(threads)
 
@@ -118,6 +127,7 @@ def _build(cells: list, opts: dict) -> dict:
         "overhead": overhead,
         "noise_floor": floor,
         "verdict": verdict,
+        **model_tables(cells, training, sweep, opts.get("header")),
     }
 
 

@@ -53,6 +53,8 @@ TRAINING_COLUMNS = {
     "peak_mem_mb": "peak mem MB",
     "model_state_mb": "model state MB",
     "final_loss": "loss at step --warmup",
+    "predicted_step_ms": "predicted step ms",
+    "prediction_error": "prediction error",
     "noisy": "noisy",
     "status": "status",
 }
