@@ -105,6 +105,7 @@ def test_every_cell_ran_and_every_column_is_filled(run):
         assert set(TRAINING_COLUMNS) <= set(row) and row["status"] == "ok" and row["model"] in LABELS
         optional = {"comm_overhead"} if row["backend"] == "single" else set()
         optional |= {"speedup"} if row["scaling"] == "weak" else set()
+        optional |= {"predicted_step_ms", "prediction_error"} if row["processes"] == 1 else set()  # no sweep
         assert all(row[k] is not None for k in TRAINING_COLUMNS if k not in optional), row
         assert (
             row["launches"] == (REPEAT if row["setting"] == "default" else 1)
@@ -269,7 +270,7 @@ def test_markdown_shows_the_same_values_and_the_plots(run):
             f"Avg bus bandwidth : raw {footer['avg_raw_busbw']:g} GB/s, paraflow {footer['avg_busbw']:g} GB/s" in text
         )
     assert "## Verdict" in text and all(v["text"].replace("|", "\\|") in text for v in results["verdict"])
-    for plot in ("throughput.png", "busbw.png"):
+    for plot in ("throughput.png", "busbw.png", "projection.png"):
         assert f"![{plot}]({plot})" in text
 
 
@@ -280,7 +281,7 @@ def test_plots_are_real_pngs_with_error_bars_from_the_intervals(run):
 
     from paraflow.bench.report.plots import busbw_figure, require_pyplot, throughput_figure
 
-    for plot in ("throughput.png", "busbw.png"):
+    for plot in ("throughput.png", "busbw.png", "projection.png"):
         path = run["out"] / plot
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         height, width = matplotlib.image.imread(str(path)).shape[:2]
@@ -393,3 +394,33 @@ def test_traces_are_chrome_traces_of_every_rank_linked_from_the_results(run):
     assert trace_cell["status"] == "ok" and not any(
         r["launches"] > REPEAT for r in results["tables"]["training"]
     )  # the trace launch stays out of the tables
+
+
+@pytest.mark.timeout(480)
+def test_the_cost_model_fits_the_sweep_predicts_the_rows_and_projects(run, tmp_path):
+    results, out = run["results"], run["stdout"]
+    tables = results["tables"]
+    (fit,) = tables["costmodel_fit"]
+    assert fit["backend"] == "ddp-gloo" and fit["algorithm"] == "ring" and fit["status"].startswith("ok")
+    assert fit["alpha_us"] > 0 and fit["sizes"] == 2 and fit["rms_residual"] is not None
+    multi = [r for r in tables["training"] if r["processes"] == 2]
+    assert len(multi) == 2 * len(MODELS) and len(tables["predictions"]) == len(multi)
+    for row in multi:
+        assert row["predicted_step_ms"] > 0
+        assert row["prediction_error"] == pytest.approx(row["predicted_step_ms"] / row["step_ms_median"] - 1, abs=1e-3)
+    projected = tables["projection"]
+    assert {r["model"] for r in projected} == set(LABELS) and {r["hosts"] for r in projected} == {8, 32, 128}
+    assert [r["model"] for r in tables["published"]] == ["Inception V3", "ResNet-101", "VGG-16"]
+    assert "PROJECTION to many hosts" in out and "prediction error" in out
+    # --project-only rebuilds the same from a copy of the folder, running nothing
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    done = run_launch(
+        [sys.executable, "-m", "paraflow.tools.cli", "bench", "--project-only", str(tmp_path)],
+        timeout=120,
+        env={**RANK_ENV},
+        cwd=str(ROOT),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    written = json.loads((tmp_path / "projection.json").read_text())
+    assert written["projection"] == projected and written["costmodel_fit"] == tables["costmodel_fit"]
+    assert (tmp_path / "projection.png").read_bytes()[:4] == b"\x89PNG" and "Predicted against measured" in done.stdout

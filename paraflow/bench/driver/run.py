@@ -21,7 +21,15 @@ from .runner import run_cells, worker_entry
 
 __all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
 
-OUTPUT_FILES = ("results.json", "results.md", *CSV_TABLES, "throughput.png", "busbw.png", "breakdown.png", "projection.png")
+OUTPUT_FILES = (
+    "results.json",
+    "results.md",
+    *CSV_TABLES,
+    "throughput.png",
+    "busbw.png",
+    "breakdown.png",
+    "projection.png",
+)
 #: Files an earlier version of the benchmark wrote; removed so they cannot pass for this run's.
 STALE_FILES = ("allreduce.csv", "allreduce_summary.csv")
 
