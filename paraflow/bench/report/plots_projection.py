@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .plots import _footer, require_pyplot
+from .plots import footer, require_pyplot
 
 __all__ = ["projection_figure"]
 
@@ -58,5 +58,5 @@ def projection_figure(tables: dict, header: dict):
         "(o: measured efficiency against single; x: the model's prediction for that row)",
         fontsize=9,
     )
-    fig.tight_layout(rect=(0, _footer(fig, header), 1, 0.95))
+    fig.tight_layout(rect=(0, footer(fig, header), 1, 0.95))
     return fig
