@@ -105,7 +105,8 @@ def test_every_cell_ran_and_every_column_is_filled(run):
         assert set(TRAINING_COLUMNS) <= set(row) and row["status"] == "ok" and row["model"] in LABELS
         optional = {"comm_overhead"} if row["backend"] == "single" else set()
         optional |= {"speedup"} if row["scaling"] == "weak" else set()
-        optional |= {"predicted_step_ms", "prediction_error"} if row["processes"] == 1 else set()  # no sweep
+        no_prediction = row["processes"] == 1 or row.get("setting", "default") != "default"  # no sweep; tuned
+        optional |= {"predicted_step_ms", "prediction_error"} if no_prediction else set()
         assert all(row[k] is not None for k in TRAINING_COLUMNS if k not in optional), row
         assert (
             row["launches"] == (REPEAT if row["setting"] == "default" else 1)
@@ -403,7 +404,7 @@ def test_the_cost_model_fits_the_sweep_predicts_the_rows_and_projects(run, tmp_p
     (fit,) = tables["costmodel_fit"]
     assert fit["backend"] == "ddp-gloo" and fit["algorithm"] == "ring" and fit["status"].startswith("ok")
     assert fit["alpha_us"] > 0 and fit["sizes"] == 2 and fit["rms_residual"] is not None
-    multi = [r for r in tables["training"] if r["processes"] == 2]
+    multi = [r for r in tables["training"] if r["processes"] == 2 and r.get("setting", "default") == "default"]
     assert len(multi) == 2 * len(MODELS) and len(tables["predictions"]) == len(multi)
     for row in multi:
         assert row["predicted_step_ms"] > 0
