@@ -45,6 +45,17 @@ def test_without_gradient_hooks_the_whole_backward_difference_is_exposed_and_ove
     assert parts["exposed_comm_s"] == pytest.approx(3e-3) and parts["overlapped_comm_s"] is None
 
 
+def test_a_backend_that_communicates_without_sync_counts_the_whole_difference():
+    """fsdp: gradients land after the reduce-scatter, so tails are not comparable (they would give
+    negative communication); the whole forward + backward difference is exposed, overlap unknown."""
+    synced = step_parts(marks(1e-3, 3e-3, 8.9e-3, 9e-3, 10e-3), 0.0, 10e-3)  # last gradient after the sync
+    unsynced = step_parts(marks(1e-3, 3e-3, 4e-3, 7e-3, 8e-3), 0.0, 8e-3)
+    assert pair_breakdown(synced, unsynced)["exposed_comm_s"] < 0  # what tails would say
+    parts = pair_breakdown(synced, unsynced, whole=True)
+    assert parts["exposed_comm_s"] == pytest.approx(2e-3) and parts["overlapped_comm_s"] is None
+    assert parts["compute_s"] == pytest.approx(6e-3)
+
+
 def test_hooks_time_the_gradients_and_the_synchronize_wait_then_go_away():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     m = {}

@@ -89,14 +89,22 @@ def step_parts(marks: dict, start: float, end: float) -> dict:
     }
 
 
-def pair_breakdown(synced: dict, unsynced: dict) -> dict:
-    """The breakdown (seconds) of a synced step, from it and the unsynced step of its pair."""
+def pair_breakdown(synced: dict, unsynced: dict, whole: bool = False) -> dict:
+    """The breakdown (seconds) of a synced step, from it and the unsynced step of its pair.
+
+    `whole`: the backend still communicates without gradient sync (fsdp gathers its parameters),
+    so gradients are not ready at comparable moments: exposed communication is the whole
+    forward + backward difference, and overlapped communication is not measured.
+    """
     compute = unsynced["forward_backward"]
     optimizer = unsynced["optimizer"] - unsynced["wait"]
-    exposed = synced["tail"] - unsynced["tail"] + synced["wait"] - unsynced["wait"]
+    if whole:
+        exposed = synced["forward_backward"] - unsynced["forward_backward"] + synced["wait"] - unsynced["wait"]
+    else:
+        exposed = synced["tail"] - unsynced["tail"] + synced["wait"] - unsynced["wait"]
     return {
         "compute_s": compute,
-        "overlapped_comm_s": synced["overlap_window"],
+        "overlapped_comm_s": None if whole else synced["overlap_window"],
         "exposed_comm_s": exposed,
         "optimizer_s": optimizer,
         "step_s": synced["step"],
@@ -142,7 +150,8 @@ def run_pairs(
                 t1 = clock()
                 (sync_s if synced else no_sync_s).append(t1 - t0)
                 parts[synced] = step_parts(marks, t0, t1)
-            for key, value in pair_breakdown(parts[True], parts[False]).items():
+            whole = getattr(backend, "no_sync_communicates", False)
+            for key, value in pair_breakdown(parts[True], parts[False], whole).items():
                 breakdown[key].append(value)
     return {"sync_pair_step_s": sync_s, "no_sync_step_s": no_sync_s, "breakdown": _none_if_missing(breakdown)}
 
