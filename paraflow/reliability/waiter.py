@@ -50,9 +50,17 @@ class Waiter:
             raise job.error
         return job.value
 
+    def close(self) -> None:
+        """Let the thread end once the waits given before are done (a stuck one keeps it, as a daemon)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread = None
+
     def _loop(self) -> None:
         while True:
             job = self._jobs.get()
+            if job is None:
+                return
             try:
                 job.value = job.fn()
             except BaseException as exc:  # noqa: BLE001 - handed to the caller

@@ -31,3 +31,13 @@ def test_a_wait_that_never_ends_raises_after_the_timeout_and_leaves_the_thread_b
         waiter.run(release.wait, 0.2, "waiting for rank 1")
     release.set()  # the thread finishes the abandoned wait and takes the next one
     assert waiter.run(lambda: "next", 5, "job") == "next"
+
+
+def test_close_ends_the_thread_and_a_later_wait_starts_a_new_one():
+    waiter = Waiter("test waiter")
+    assert waiter.run(lambda: 1, 5, "job") == 1
+    thread = waiter._thread
+    waiter.close()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert waiter.run(lambda: 2, 5, "job") == 2 and waiter._thread is not thread
