@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from ..errors import ConfigurationError
-from .collective_check import LIBRARIES, call_site
+from .collective_check import call_site, is_library
 
 __all__ = ["Activity", "State", "attach_markers", "attach_step_marker", "site_text"]
 
@@ -34,10 +34,6 @@ __all__ = ["Activity", "State", "attach_markers", "attach_step_marker", "site_te
 # call (Module._wrapped_call_impl, _call_impl and, with hooks, its inner function). Learned from
 # the first forward by a walk, since torch versions differ; a depth that stops fitting is learned again.
 _hook_depth: Optional[int] = None
-
-
-def _is_library(frame: Any) -> bool:
-    return frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARIES
 
 
 def _forward_site() -> Any:
@@ -49,10 +45,10 @@ def _forward_site() -> Any:
         except ValueError:  # a shallower stack than the one it was learned on
             below = None
         frame = below.f_back if below is not None else None
-        if frame is not None and _is_library(below) and not _is_library(frame):
+        if frame is not None and is_library(below) and not is_library(frame):
             return frame.f_code.co_filename, frame.f_lineno
     frame, depth = sys._getframe(1), 1
-    while frame is not None and _is_library(frame):
+    while frame is not None and is_library(frame):
         frame, depth = frame.f_back, depth + 1
     if frame is None:
         return call_site()

@@ -53,7 +53,7 @@ def bundle_spec(backend, carry_bytes: int) -> Optional[tuple]:
     if state is None or state[1] is None or state[2] < BUNDLE_AFTER or not getattr(backend, "_bundles_checks", False):
         return None
     collective, dtype, shape, op, _ = state[1]
-    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     if collective != "allreduce" or dtype not in _DTYPES or not carry_bytes < nbytes <= BUNDLE_MAX_BYTES:
         return None
     return state[0], state[1]

@@ -26,6 +26,7 @@ from ..errors import CollectiveError
 
 __all__ = [
     "call_site",
+    "is_library",
     "LIBRARIES",
     "describe",
     "mismatch_error",
@@ -67,10 +68,15 @@ FRAME_BYTES = _DESCRIPTOR_BYTES + CARRY_BYTES
 LIBRARIES = frozenset({"paraflow", "torch", "horovod", "contextlib"})
 
 
+def is_library(frame) -> bool:
+    """True for a frame of paraflow, torch, horovod or contextlib: not the user's call site."""
+    return frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARIES
+
+
 def call_site() -> str:
     """file:line of the script's line that led here: the first caller outside paraflow, torch and horovod (~1 µs)."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARIES:
+    while frame is not None and is_library(frame):
         frame = frame.f_back
     if frame is None:
         return "?"
