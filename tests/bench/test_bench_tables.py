@@ -184,7 +184,8 @@ def test_sweep_rows_set_paraflow_beside_raw():
     assert row["raw_time_us"] == 3000.0
     # paraflow: [1.2, 2.4] -> 1.8 ms, then 3.6 ms -> 2.7 ms; paired per round: 0.6 and 1.2 in both launches
     assert row["time_us"] == 2700.0 and row["vs_raw"] == 0.9
-    assert (row["vs_raw_low"], row["vs_raw_high"]) == (0.6, 1.2)
+    # both launches' ratios are 0.9, but each launch's own rounds (0.6, 1.2) keep the interval open
+    assert row["vs_raw_low"] < 0.6 and row["vs_raw_high"] > 1.2  # two launches: t(1), wide
     assert row["busbw"] == round(4096 / 0.0027 / 1e9, 4) and row["algbw"] == row["busbw"]  # n = 2: factor 1
     assert row["wrong"] == 2 and row["memcpy"] == 4.096  # rank 1's one wrong element, in each launch
     footer = tables["sweep_footer"][0]

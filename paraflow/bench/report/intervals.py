@@ -1,16 +1,14 @@
 """95% confidence intervals for benchmark figures: across launches, and over paired steps.
 
-Across launches (training and collective figures) the interval is a two-level (hierarchical)
-percentile bootstrap: each replicate draws the launches with replacement, then, inside each drawn
-launch, its steps with replacement (past MAX_POINTS steps, blocks of consecutive steps), and
-recomputes the figure; the interval holds the middle 95%
-of the replicates, expanded for few launches (Hesterberg's expanded percentile interval: the
-share kept is the one that gives Student's t coverage for that many launches; with 3 launches,
-the replicates' extremes), because a plain percentile bootstrap of 3 values covers far less than
-95%. The point value is the median over launches of each launch's own figure, so one disturbed
-launch cannot move it much. Resampling the launches is what makes the interval say
-how far a rerun may land: steps of one launch share its start-up, its placement and the load of
-its minute, and taken alone would claim far too much.
+Across launches (training and collective figures) the interval is Student's t interval of the
+launches' own figures, on the log scale for positive figures (a timing varies by factors): the
+launch is the unit that a rerun repeats (its start-up, its placement, the load of its minute),
+and steps of one launch, alike for those reasons, would claim far too much. Its replicates are
+draws of that t distribution, so a figure derived from several estimates (a ratio, an
+efficiency) is computed replicate by replicate and carries the uncertainty of each. The point
+value is the median over launches of each launch's own figure, so one disturbed launch cannot
+move it much. Within a launch, steps are resampled (past MAX_POINTS steps, blocks of
+consecutive steps): that bootstrap is the interval of a figure measured in one launch only.
 
 Over paired steps (the abstraction overhead) the interval is distribution-free: exact binomial
 order statistics of the median, taken over the medians of consecutive blocks of pairs, so that
@@ -35,7 +33,7 @@ __all__ = [
     "RESAMPLES",
     "Estimate",
     "generator",
-    "expanded_confidence",
+    "student_t",
     "within_launch",
     "blocks",
     "constant",
@@ -76,7 +74,7 @@ class Estimate:
         value = function(self.value, *(o.value for o in others))
         replicates = function(self.replicates, *(o.replicates for o in others))
         launches = min(e.launches for e in (self, *others))
-        low, high = percentile_interval(replicates, expanded_confidence(launches) if launches else CONFIDENCE)
+        low, high = percentile_interval(replicates)
         return Estimate(value, min(low, value), max(high, value), replicates, launches)
 
 
@@ -123,55 +121,60 @@ def constant(value: float, resamples: int = RESAMPLES):
     return float(value), torch.full((resamples,), float(value), dtype=torch.float64)
 
 
-# Student's t 97.5% quantiles by degrees of freedom (a larger df not listed takes the next smaller one's).
-_T975 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    12: 2.179,
-    15: 2.131,
-    20: 2.086,
-    30: 2.042,
-    60: 2.000,
-}
+#: Draws of the t distribution per estimate across launches (its derived figures' intervals are
+#: percentiles of these: 8000 put the 2.5% and 97.5% points within a few percent of exact).
+T_DRAWS = 8000
+# Student's t 97.5% quantiles by degrees of freedom (a df not listed takes the next smaller one's).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+_T975.update({10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000, 120: 1.980})
 
 
-def expanded_confidence(launches: int, confidence: float = CONFIDENCE) -> float:
-    """The central share of bootstrap replicates to keep so the interval covers as Student's t would
-    with this few launches (Hesterberg's expanded percentile interval): a percentile bootstrap of n
-    values is too narrow for small n. 3 launches: the replicates' extremes; 10: about 98%.
-    """
-    if launches < 2 or confidence != CONFIDENCE:
-        return confidence
-    t = _T975[max(df for df in _T975 if df <= launches - 1)]
-    z = math.sqrt(launches / (launches - 1)) * t
-    return 1 - math.erfc(z / math.sqrt(2))  # 1 - 2 * Phi(-z)
+def t975(df: int) -> float:
+    """Student's t 97.5% quantile for `df` degrees of freedom (conservative between tabulated ones)."""
+    return _T975[max(d for d in _T975 if d <= df)]
+
+
+def student_t(df: int, size: int, gen: torch.Generator) -> torch.Tensor:
+    """`size` draws of Student's t with `df` degrees of freedom: Z / sqrt(chi2_df / df)."""
+    z = torch.randn(size, generator=gen, dtype=torch.float64)
+    chi2 = (torch.randn(size, df, generator=gen, dtype=torch.float64) ** 2).sum(dim=1)
+    return z / torch.sqrt(chi2 / df)
 
 
 def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate:
-    """The median over launches of per-launch figures, with the two-level bootstrap interval.
+    """The median over launches of per-launch figures, with Student's t interval across launches.
 
     `launches` holds (point, replicates) per launch, replicates being that launch's within-launch
-    bootstrap (same length for all). Replicate b draws len(launches) launches with replacement
-    and takes the median of their b-th replicates; the interval keeps the expanded central share
-    of them (:func:`expanded_confidence`).
+    bootstrap. With two or more launches the interval is the t interval of the launches' points,
+    on the log scale when all are positive (timings vary by factors): mean +- t(n-1) s / sqrt(n),
+    s their standard deviation. Its replicates are draws of that t distribution (a parametric
+    bootstrap), so figures derived from several estimates (ratios, efficiency) carry both
+    estimates' uncertainty. The variance is at least the launches' mean within-launch bootstrap
+    variance, so launches that agree by chance do not make a zero-width interval. A percentile
+    bootstrap over so few launches cannot do this: with 3 it spans at most their extremes, which
+    hold the median only 75% of the time. One launch: its own within-launch bootstrap (its steps
+    alone, which say nothing of a rerun).
     """
     if not launches:
         raise ValueError("no launches")
     points = torch.tensor([p for p, _ in launches], dtype=torch.float64)
-    stacked = torch.stack([r for _, r in launches], dim=1)  # (resamples, launches)
-    resamples, count = stacked.shape
-    drawn = torch.randint(count, (resamples, count), generator=gen)
-    replicates = torch.gather(stacked, 1, drawn).quantile(0.5, dim=1) if count > 1 else stacked[:, 0]
     value = _median(points)
-    low, high = percentile_interval(replicates, expanded_confidence(count))
+    count = points.numel()
+    if count > 1:
+        log = bool((points > 0).all())
+        data = points.log() if log else points
+        within = torch.stack([r for _, r in launches])  # each launch's own bootstrap
+        if log:
+            within = within.clamp_min(torch.finfo(torch.float64).tiny).log()
+        # never narrower than the launches' own step-to-step uncertainty (3 launches can agree by chance)
+        variance = max(float(data.var()), float(within.var(dim=1).mean()))
+        center, spread = float(data.mean()), math.sqrt(variance / count)
+        replicates = center + spread * student_t(count - 1, T_DRAWS, gen)
+        ends = torch.tensor([center - t975(count - 1) * spread, center + t975(count - 1) * spread])
+        replicates, (low, high) = (replicates.exp(), ends.exp().tolist()) if log else (replicates, ends.tolist())
+        return Estimate(value, min(low, value), max(high, value), replicates, count)
+    replicates = launches[0][1].repeat(T_DRAWS // launches[0][1].numel() + 1)[:T_DRAWS]
+    low, high = percentile_interval(replicates)
     return Estimate(value, min(low, value), max(high, value), replicates, count)
 
 
