@@ -119,6 +119,12 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         return None if cls.MULTI_PROCESS else 1
 
     @classmethod
+    def collectives_key(cls, **presets: Any) -> tuple:
+        """Backends with the same key run the same code for their public collectives (the
+        benchmark sweeps them once per launcher and process count)."""
+        return (cls.__module__, cls.__qualname__)
+
+    @classmethod
     def benchmark_skip_reason(cls, cuda_devices: int, **presets: Any) -> Optional[str]:
         """Why a default benchmark run leaves this backend out on this host, or None."""
         return None

@@ -361,3 +361,22 @@ def test_failure_reason_finds_the_root_exception_under_each_launcher():
     assert failure_reason(HOROVODRUN_STDERR, 1) == "RuntimeError: Gloo connect failed"
     assert failure_reason("something odd\nlast words\n", 3) == "last words"
     assert failure_reason("", 3) == "exit status 3, no error output"
+
+
+def test_fsdp_shares_ddps_collectives_so_only_one_of_them_sweeps():
+    available = {**AVAILABLE, "fsdp": None}
+    both = build_matrix(
+        BenchConfig(backends=["ddp-gloo", "fsdp"], nprocs=[2], repeat=1, aa_check=False),
+        available=available,
+        cuda_devices=0,
+        total_cores=2,
+    )
+    swept = {c.backend for c in both.cells if c.kind == "train" and c.sweep}
+    assert swept == {"ddp-gloo"}
+    alone = build_matrix(
+        BenchConfig(backends=["fsdp"], nprocs=[2], repeat=1, aa_check=False),
+        available=available,
+        cuda_devices=0,
+        total_cores=2,
+    )
+    assert {c.backend for c in alone.cells if c.kind == "train" and c.sweep} == {"fsdp"}

@@ -149,6 +149,7 @@ def build_matrix(
     models = tuple(config.models)
     multi_nprocs = [n for n in config.nprocs if n >= 2]
     train_cells: list[Cell] = []
+    sweeps: set = set()
     for name in names:
         cls, presets = _backend_class(name), spec(name).presets
         launchers = cls.LAUNCHERS
@@ -167,7 +168,10 @@ def build_matrix(
         for launcher in launchers:
             for n in counts:
                 threads = _threads(n, total_cores)
-                train_cells.append(Cell("train", name, launcher, n, threads, models, sweep=config.allreduce and n >= 2))
+                swept = (cls.collectives_key(**presets), launcher, n)  # fsdp's collectives are ddp's: sweep once
+                sweep = config.allreduce and n >= 2 and swept not in sweeps
+                sweeps.add(swept)
+                train_cells.append(Cell("train", name, launcher, n, threads, models, sweep=sweep))
 
     if config.allreduce and any(c.sweep for c in train_cells):
         widest = max(multi_nprocs) if multi_nprocs else 1
