@@ -82,7 +82,13 @@ def main(argv=None) -> int:
     cluster = sub.add_parser("cluster", help="an emulated multi-host cluster on this machine (root): up, exec, down")
     add_cluster_arguments(cluster).set_defaults(func=_cluster)
     args = parser.parse_args(argv)
-    return args.func(args)
+    from ..errors import ConfigurationError
+
+    try:
+        return args.func(args)
+    except ConfigurationError as exc:  # bad input: the message says what to fix, a traceback would bury it
+        print(f"paraflow {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

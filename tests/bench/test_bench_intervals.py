@@ -197,3 +197,33 @@ def test_the_interval_across_launches_is_students_t_on_the_log_scale():
     # a figure that can be zero or negative (comm overhead at one process) stays on the linear scale
     signed = intervals.estimate([[-0.1] * 3, [0.0] * 3, [0.1] * 3], "median", "signed")
     assert signed.low == pytest.approx(-4.303 * 0.1 / math.sqrt(3))
+
+
+def test_students_tail_and_holm_against_tabled_values():
+    from paraflow.bench.report.student import holm, two_sided_p
+
+    for df, t in [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (60, 2.000)]:
+        assert two_sided_p(t, df) == pytest.approx(0.05, abs=2e-4)
+    assert two_sided_p(0.0, 3) == pytest.approx(1.0) and two_sided_p(1.0, 1) == pytest.approx(0.5)
+    assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+
+
+def test_two_runs_differ_only_when_welchs_test_says_so_after_holm():
+    a = _results(10.0, 9.5, 10.6, ["x: fastest A"])
+    a["tables"]["training"][0]["launches"] = 3
+    near = _results(11.0, 8.0, 15.0, ["x: fastest A"])  # outside A's interval, yet well within B's own noise
+    near["tables"]["training"][0]["launches"] = 3
+    result = compare_runs(a, near)
+    assert not result["agree"] and result["consistent"] and result["differ"] == 0
+    far = _results(20.0, 19.8, 20.2, ["x: fastest A"])
+    far["tables"]["training"][0]["launches"] = 3
+    result = compare_runs(a, far)
+    assert not result["consistent"] and result["rows"][0]["step_ms_median"]["differs"]
+
+
+def test_compare_of_a_missing_folder_is_a_clear_error_not_a_traceback(tmp_path, capsys):
+    from paraflow.tools.cli import main
+
+    assert main(["bench", "--compare", str(tmp_path / "nope"), str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read benchmark results" in err and "paraflow bench --out DIR" in err and "Traceback" not in err

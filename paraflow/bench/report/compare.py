@@ -4,15 +4,26 @@ For every training row both runs have, the median step time and samples/s of eac
 95% interval, and whether they agree: each run's median inside the other's interval. Then the
 verdicts: the categorical claims (no numbers) must be the same in both runs. Exit status 0 when
 every median agrees and every claim matches, 1 otherwise.
+
+"Inside the other's interval" is a strict test: each interval holds the true value 95% of the
+time, but the other run's median is itself noisy, and over dozens of figures some fall outside
+by chance even when nothing changed. So each figure also gets Welch's t test of the two runs'
+log values (their centres and standard errors recovered from the t intervals and launch counts),
+and the p-values are adjusted for the number of figures (Holm): a figure *differs* when the
+adjusted p-value is below 5%, which, when nothing changed, happens in at most 1 run pair in 20.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
+from typing import Optional
 
 from ...errors import ConfigurationError
+from .intervals import t975
+from .student import holm, two_sided_p
 
 __all__ = ["load_results", "compare_runs", "compare_main"]
 
@@ -46,8 +57,28 @@ def _default(row: dict) -> bool:
     return row.get("setting", "default") == "default"
 
 
+def _log_normal(value, low, high, launches) -> Optional[tuple]:
+    """(centre, standard error, degrees of freedom) of a figure on the log scale, from its t interval."""
+    if not (value and low and high) or min(value, low, high) <= 0:
+        return None
+    df = launches - 1 if launches and launches > 1 else 1000  # one launch: a bootstrap interval, ~normal
+    half = (math.log(high) - math.log(low)) / 2
+    return (math.log(low) + math.log(high)) / 2, half / t975(df), df
+
+
+def welch_p(a: tuple, b: tuple) -> Optional[float]:
+    """Two-sided p-value of Welch's t test between two (centre, standard error, df) estimates."""
+    (ca, sa, da), (cb, sb, db) = a, b
+    se2 = sa * sa + sb * sb
+    if se2 == 0:
+        return 0.0 if ca != cb else 1.0
+    df = se2 * se2 / ((sa**4) / da + (sb**4) / db)
+    return two_sided_p((ca - cb) / math.sqrt(se2), df)
+
+
 def compare_runs(a: dict, b: dict) -> dict:
-    """{"rows": [...], "claims": {"same": [...], "only_a": [...], "only_b": [...]}, "agree": bool}."""
+    """{"rows": [...], "claims": {"same": [...], "only_a": [...], "only_b": [...]}, "agree": bool,
+    "consistent": bool (no figure differs at Holm-adjusted 5%), "differ": count}."""
     rows_b = {tuple(r.get(k) for k in _KEY): r for r in b["tables"]["training"] if _default(r)}
     rows = []
     for ra in a["tables"]["training"]:
@@ -58,7 +89,13 @@ def compare_runs(a: dict, b: dict) -> dict:
         for key in FIGURES:
             (va, la, ha), (vb, lb, hb) = _interval(ra, key), _interval(rb, key)
             entry[key] = {"a": [va, la, ha], "b": [vb, lb, hb], "agree": _inside(vb, la, ha) and _inside(va, lb, hb)}
+            ea, eb = _log_normal(va, la, ha, ra.get("launches")), _log_normal(vb, lb, hb, rb.get("launches"))
+            entry[key]["p"] = welch_p(ea, eb) if ea and eb else None
         rows.append(entry)
+    tested = [(e, k) for e in rows for k in FIGURES if e[k]["p"] is not None]
+    for (e, k), adjusted in zip(tested, holm([e[k]["p"] for e, k in tested])):
+        e[k]["p_holm"] = adjusted
+        e[k]["differs"] = adjusted < 0.05
     claims_a = [v["claim"] for v in a.get("verdict", [])]
     claims_b = [v["claim"] for v in b.get("verdict", [])]
     claims = {
@@ -67,7 +104,8 @@ def compare_runs(a: dict, b: dict) -> dict:
         "only_b": [c for c in claims_b if c not in claims_a],
     }
     agree = all(e[k]["agree"] for e in rows for k in FIGURES) and not claims["only_a"] and not claims["only_b"]
-    return {"rows": rows, "claims": claims, "agree": agree and bool(rows)}
+    differ = sum(bool(e[k].get("differs")) for e in rows for k in FIGURES)
+    return {"rows": rows, "claims": claims, "agree": agree and bool(rows), "consistent": not differ, "differ": differ}
 
 
 def _cell(value, low, high) -> str:
@@ -82,13 +120,15 @@ def report(a_name: str, b_name: str, result: dict) -> str:
     """The comparison as Markdown: the medians table, then the verdicts."""
     head = ["model", "scaling", "backend", "launcher", "procs"]
     for label in FIGURES.values():
-        head += [f"{label} A", f"{label} B", "agree"]
+        head += [f"{label} A", f"{label} B", "agree", "p (Holm)"]
     lines = [f"A = {a_name}, B = {b_name}; medians over launches with 95% intervals", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in result["rows"]:
         cells = [str(e[k]) for k in _KEY]
         for key in FIGURES:
-            cells += [_cell(*e[key]["a"]), _cell(*e[key]["b"]), "yes" if e[key]["agree"] else "NO"]
+            p = e[key].get("p_holm")
+            mark = "—" if p is None else f"{p:.2g}" + (" DIFFERS" if e[key]["differs"] else "")
+            cells += [_cell(*e[key]["a"]), _cell(*e[key]["b"]), "yes" if e[key]["agree"] else "NO", mark]
         lines.append("| " + " | ".join(cells) + " |")
     claims = result["claims"]
     lines += ["", f"Verdicts: {len(claims['same'])} identical in both runs"]
@@ -99,6 +139,8 @@ def report(a_name: str, b_name: str, result: dict) -> str:
         "",
         f"{'AGREE' if result['agree'] else 'DISAGREE'}: {disagree} median(s) outside the other run's interval, "
         f"{len(claims['only_a']) + len(claims['only_b'])} verdict(s) differ.",
+        f"{'CONSISTENT' if result['consistent'] else 'DIFFERENT'}: {result['differ']} figure(s) differ between the "
+        "runs by Welch's t test of their log values, Holm-adjusted over all figures at 5%.",
     ]
     return "\n".join(lines)
 
