@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from typing import Callable, Optional
 
 import torch
 
@@ -58,9 +59,11 @@ def run_overhead(
     seed: int,
     profile_steps: int = 20,
     max_seconds: float = 20.0,
+    after_init: Optional[Callable[[], None]] = None,
 ) -> dict:
     """Time `pairs` rounds of paraflow / raw / control steps of `spec` (fewer when they would take
-    longer than about `max_seconds`, at least MIN_ROUNDS); returns this rank's numbers."""
+    longer than about `max_seconds`, at least MIN_ROUNDS); returns this rank's numbers.
+    `after_init` runs once both the raw library and paraflow have started (the benchmark pins there)."""
     import paraflow
 
     from ...core.registry import spec as registered
@@ -72,6 +75,8 @@ def run_overhead(
         raise paraflow.ConfigurationError(f"backend {backend_name!r} has no hand-written loop to compare with.")
     raw.init()
     backend = paraflow.init(backend_name)
+    if after_init is not None:
+        after_init()
     try:
         device = backend.device
         batches = {side: make_batches(backend, data, batch_size, seed) for side in SIDES}

@@ -107,16 +107,24 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     threads = args.threads or int(os.environ.get("PARAFLOW_NUM_THREADS", "1"))
-    pinned = None
-    if args.pin:
-        from .pinning import pin_rank
+    pinned: list = []  # filled by pin() with the cores taken
+    free: dict = {}
 
-        pinned = pin_rank(threads)
+    def pin() -> None:
+        """Pin once the communication libraries have started their threads (see pinning.py)."""
+        if args.pin:
+            from .pinning import free_threads, pin_rank
+
+            pinned.extend(pin_rank(threads) or [])
+            free["free_threads"] = free_threads(pinned) if pinned else None
+
     if args.memcpy_sizes:
         from .memcpy import run_memcpy
 
+        pin()
+
         result = run_memcpy(args.memcpy_sizes, threads)
-        RankFile(args.out, 0, _meta(pinned=pinned)).add("memcpy", result)
+        RankFile(args.out, 0, _meta(pinned=pinned or None)).add("memcpy", result)
         return 0
     if not args.backend:
         print("worker: --backend is required for training, allreduce and overhead tasks", file=sys.stderr)
@@ -137,9 +145,10 @@ def main(argv=None) -> int:
             args.seed,
             args.profile_steps,
             args.max_seconds,
+            after_init=pin,
         )
         meta = {
-            **_meta(pinned=pinned),
+            **_meta(pinned=pinned or None),
             "rank": result["rank"],
             "world_size": result["world_size"],
             "backend": args.backend,
@@ -155,7 +164,9 @@ def main(argv=None) -> int:
 
     options = {k: option_value(v) for k, _, v in (o.partition("=") for o in args.option)}
     with paraflow.init(args.backend, **options) as backend:
-        rank_file = RankFile(args.out, backend.rank, {**_meta(backend, pinned), "options": options})
+        pin()
+        meta = {**_meta(backend, pinned or None), **free, "options": options}
+        rank_file = RankFile(args.out, backend.rank, meta)
         for text in args.model:
             spec = ModelSpec.parse(text)
             for scaling in args.scaling.split(","):

@@ -113,12 +113,15 @@ def binding_summary(cells: list, pin: bool) -> str:
             if rank.get("pinned_cores") is not None and cell["kind"] == "train":
                 seen.setdefault(cell["nproc"], {})[rank.get("local_rank", rank.get("rank", 0))] = rank["pinned_cores"]
     if not seen:
-        return "each rank pins itself to cores of its own (sched_setaffinity); no rank reported its cores"
+        return "each rank pins its compute to cores of its own (sched_setaffinity); no rank reported its cores"
     parts = []
     for n, ranks in sorted(seen.items()):
         cores = " | ".join(",".join(map(str, ranks[r])) for r in sorted(ranks))
         parts.append(f"{n} process{'es' * (n > 1)}: cores {cores}")
-    return "each rank pinned to cores of its own (sched_setaffinity, every launcher): " + "; ".join(parts)
+    return (
+        "each rank's compute pinned to cores of its own once its backend had started (sched_setaffinity, every "
+        "launcher; the communication library's threads left free): " + "; ".join(parts)
+    )
 
 
 def busy_warning(header: dict) -> Optional[str]:
