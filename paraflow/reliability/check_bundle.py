@@ -14,9 +14,12 @@ own descriptor. After it every rank reads every descriptor:
 - all equal to each other but a different call: nothing is wrong; the call runs the usual way;
 - otherwise every rank raises the same CollectiveError, as the frame check does.
 
-A miss costs one wasted collective of the repeated size. Only gloo on the CPU bundles (where
-"mean" is a sum then a division, exactly as the unbundled call computes it), only for sizes up
-to BUNDLE_MAX_BYTES: above, copying the payload costs more than the overlapped frame.
+A miss costs one wasted collective of the repeated size. Only gloo on the CPU bundles (DDP's
+process group, horovod's gloo controller), where a mean is computed exactly as the unbundled
+call computes it: DDP's as a sum then a division here, horovod's by its own Average (a sum,
+then the whole buffer scaled by 1/n: each slot then holds byte / n, rounded back after; float32
+and float64 only). Only for sizes up to BUNDLE_MAX_BYTES: above, copying the payload costs more
+than the overlapped frame.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ BUNDLE_MAX_BYTES = 2 * 2**20
 BUNDLE_AFTER = 3
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32)
 _NEUTRAL = {"sum": 0, "mean": 0, "max": 0, "min": 255}
+#: Where the library's mean scales the whole buffer (horovod), the slots hold byte / n: kept exact
+#: enough to round back only in these.
+_SCALED_DTYPES = (torch.float32, torch.float64)
 
 
 def note_agreed(backend, key: tuple, spec: Optional[tuple]) -> None:
@@ -56,6 +62,8 @@ def bundle_spec(backend, carry_bytes: int) -> Optional[tuple]:
     nbytes = torch.Size(shape).numel() * dtype.itemsize
     if collective != "allreduce" or dtype not in _DTYPES or not carry_bytes < nbytes <= BUNDLE_MAX_BYTES:
         return None
+    if op == "mean" and getattr(backend, "_mean_scales_buffer", False) and dtype not in _SCALED_DTYPES:
+        return None  # a descriptor byte / n must come back exactly from the slot
     return state[0], state[1]
 
 
@@ -85,14 +93,16 @@ def bundled(
     _PACK.pack_into(mine, 0, *words)
     start = numel + rank * _DESCRIPTOR_BYTES
     buffer[start : start + _DESCRIPTOR_BYTES] = torch.frombuffer(mine, dtype=torch.uint8).to(dtype)
-    result = backend._start_allreduce(buffer, "sum" if op == "mean" else op)()
-    rows = result[numel:].view(n, _DESCRIPTOR_BYTES).to(torch.uint8)
+    scaled = op == "mean" and getattr(backend, "_mean_scales_buffer", False)  # the library's own mean
+    result = backend._start_allreduce(buffer, op if scaled or op != "mean" else "sum")()
+    slots = result[numel:].view(n, _DESCRIPTOR_BYTES)
+    rows = (slots * n).round().to(torch.uint8) if scaled else slots.to(torch.uint8)
     first = rows[0, :_COMPARED_BYTES]
     if all(torch.equal(row[:_COMPARED_BYTES], first) for row in rows[1:]):
         if tensor is None:
             return None  # every rank made the same other call
         payload = result[:numel]
-        if op == "mean":
+        if op == "mean" and not scaled:
             payload.div_(n)
         return lambda: payload.view(shape)
     forget_agreed(backend)

@@ -46,8 +46,11 @@ def test_what_is_never_bundled(why, b, agreed):
 
 
 @pytest.mark.timeout(240)
-def test_bundled_allreduces_are_exact_and_mismatches_fail_on_every_rank(tmp_path):
-    launch_ok("torchrun", 2, [WORKERS / "check_bundle.py", tmp_path], timeout=200)
+@pytest.mark.parametrize("launcher, name", [("torchrun", "ddp-gloo"), ("horovodrun", "horovod")])
+def test_bundled_allreduces_are_exact_and_mismatches_fail_on_every_rank(tmp_path, launcher, name):
+    if name == "horovod":
+        pytest.importorskip("horovod.torch", reason="horovod is not installed (make install builds it)")
+    launch_ok(launcher, 2, [WORKERS / "check_bundle.py", tmp_path, name], timeout=200)
     for result in read_rank_json(tmp_path, 2):
         assert result["wrong"] and all(v == 0 for v in result["wrong"].values()), result["wrong"]
         assert result["bundled"] >= 4 * len(result["wrong"]), "the repeated calls were not bundled"
