@@ -37,9 +37,19 @@ def test_cell_env_fixes_threads_and_drops_inherited_launcher_variables(monkeypat
     assert cell_env(Cell("train", "horovod", "mpirun", 2, 1, MLP), 60)[MPI_YIELD] == "1"
     monkeypatch.setenv(MPI_YIELD, "0")  # the user's own choice wins
     assert MPI_YIELD not in cell_env(Cell("train", "horovod", "mpirun", 2, 1, MLP), 60)
-    assert env[OMP_WAIT] == "PASSIVE"  # OpenMP threads sleep rather than spin at barriers
+    assert env[OMP_WAIT] == "PASSIVE"  # by default OpenMP threads sleep rather than spin at barriers
+    assert cell_env(Cell("train", "single", "python", 1, 2, MLP), 60, "active")[OMP_WAIT] == "ACTIVE"
     monkeypatch.setenv(OMP_WAIT, "ACTIVE")
-    assert OMP_WAIT not in cell_env(Cell("train", "single", "python", 1, 2, MLP), 60)
+    assert OMP_WAIT not in cell_env(Cell("train", "single", "python", 1, 2, MLP), 60, "passive")
+
+
+def test_openmp_threads_spin_unless_the_machine_is_busy_at_the_start():
+    assert BenchConfig().resolve_omp_wait(load=1.2, cores=2)[0] == "ACTIVE"
+    wait, why = BenchConfig().resolve_omp_wait(load=7.5, cores=2)
+    assert wait == "PASSIVE" and "busy" in why and "7.5 on 2 cores" in why
+    assert BenchConfig(omp_wait="passive").resolve_omp_wait(load=0.1, cores=2) == ("PASSIVE", "--omp-wait passive")
+    with pytest.raises(ConfigurationError, match="--omp-wait passive"):
+        BenchConfig(omp_wait="sometimes")
 
 
 def test_pinning_is_on_unless_the_machine_is_busy_at_the_start():

@@ -55,6 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "(1-min load average above the core count), where pinned ranks cannot move off busy cores (default: auto)",
     )
     p.add_argument(
+        "--omp-wait",
+        choices=("auto", "active", "passive"),
+        default="auto",
+        help="OpenMP threads at barriers: active (spin), passive (sleep), or auto = active unless the machine is "
+        "busy at the start (default: auto; OMP_WAIT_POLICY in the environment wins)",
+    )
+    p.add_argument(
         "--scaling", type=_list, default=["weak"], metavar="MODES", help="weak, strong or weak,strong (default: weak)"
     )
     p.add_argument("--min-bytes", default="4K", help="smallest sweep message (default: 4K)")
@@ -185,6 +192,7 @@ def config_from_args(args: argparse.Namespace):
         noisy=args.noisy,
         aa_check=args.aa_check,
         pin=args.pin,
+        omp_wait=args.omp_wait,
         scaling=args.scaling,
         collectives=list(COLLECTIVES) if args.collectives == ["all"] else args.collectives,
         dtypes=args.dtypes,

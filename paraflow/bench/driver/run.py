@@ -17,7 +17,7 @@ from ..report.tables import build_tables
 from .config import BenchConfig
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header
-from .runner import run_cells, worker_entry
+from .runner import OMP_WAIT, run_cells, worker_entry
 
 __all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
 
@@ -60,8 +60,12 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         from ..report.plots import require_pyplot
 
         require_pyplot()
-    pinned, why_pin = config.resolve_pin(os.getloadavg()[0], cores())
-    config = replace(config, pin="on" if pinned else "off")
+    load = os.getloadavg()[0]
+    pinned, why_pin = config.resolve_pin(load, cores())
+    wait, why_wait = config.resolve_omp_wait(load, cores())
+    if OMP_WAIT in os.environ:
+        wait, why_wait = os.environ[OMP_WAIT], f"{OMP_WAIT}={os.environ[OMP_WAIT]} set by you"
+    config = replace(config, pin="on" if pinned else "off", omp_wait=wait.lower())
     matrix = matrix or build_matrix(config)
     out = Path(config.out)
     raw = _prepare(out)
@@ -89,7 +93,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     header["commands"] = [c["command"] for c in cells]
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     header["wall_time_s"] = round(time.monotonic() - start, 1)
-    header["binding"] = f"{binding_summary(cells, pinned)} ({why_pin})"
+    header["binding"] = f"{binding_summary(cells, pinned)} ({why_pin}); OpenMP threads {wait} at barriers ({why_wait})"
     tables = build_tables(cells, header, config.to_dict())
     header["noise_floor"] = tables["noise_floor"]
     results = {

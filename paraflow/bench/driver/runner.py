@@ -127,7 +127,7 @@ def worker_entry(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     return ["-m", WORKER_MODULE, *worker_args(cell, config, out_dir)]
 
 
-def cell_env(cell: Cell, timeout: float) -> dict:
+def cell_env(cell: Cell, timeout: float, omp_wait: str = "passive") -> dict:
     """Variables for the cell's processes: threads per rank, unbuffered output, no inherited ranks."""
     threads = str(cell.threads)
     package_root = str(Path(__file__).resolve().parents[3])
@@ -145,10 +145,10 @@ def cell_env(cell: Cell, timeout: float) -> dict:
         }
     )
     if OMP_WAIT not in os.environ:
-        # OpenMP threads otherwise spin at every barrier before sleeping: when other processes share
-        # the cores, a 2-thread process measured 2-5 times slower and erratic (16.5 ms against
-        # 37-87 ms per MLP step here at load average 9); sleeping threads keep it steady.
-        env[OMP_WAIT] = "PASSIVE"
+        # BenchConfig.resolve_omp_wait: spinning threads (ACTIVE) on a quiet machine, where a
+        # 2-thread MLP step took 2.7-3.2 ms against 4.1-5.5 ms sleeping at every barrier (PASSIVE);
+        # sleeping threads on a busy one, where spinning ones were 2-5 times slower and erratic.
+        env[OMP_WAIT] = omp_wait.upper()
     if cell.launcher == "mpirun" and MPI_YIELD not in os.environ:
         # The cell fills every core, and each horovod rank adds a background thread: Open MPI's
         # default busy-polling would starve the other threads (it yields by itself only when it
@@ -199,7 +199,7 @@ def run_cell(
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("rank*.json"):
         old.unlink()
-    env = {**cell_env(cell, timeout), **trace_env(cell, out_dir)}
+    env = {**cell_env(cell, timeout, config.omp_wait), **trace_env(cell, out_dir)}
     start = time.monotonic()
     try:
         if cluster is not None:
