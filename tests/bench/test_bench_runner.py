@@ -43,11 +43,8 @@ def test_cell_env_fixes_threads_and_drops_inherited_launcher_variables(monkeypat
     assert OMP_WAIT not in cell_env(Cell("train", "single", "python", 1, 2, MLP), 60, "passive")
 
 
-def test_openmp_threads_spin_unless_the_machine_is_busy_at_the_start():
-    assert BenchConfig().resolve_omp_wait(load=1.2, cores=2)[0] == "ACTIVE"
-    wait, why = BenchConfig().resolve_omp_wait(load=7.5, cores=2)
-    assert wait == "PASSIVE" and "busy" in why and "7.5 on 2 cores" in why
-    assert BenchConfig(omp_wait="passive").resolve_omp_wait(load=0.1, cores=2) == ("PASSIVE", "--omp-wait passive")
+def test_openmp_wait_policy_is_passive_unless_asked():
+    assert BenchConfig().omp_wait == "passive" and BenchConfig(omp_wait="active").omp_wait == "active"
     with pytest.raises(ConfigurationError, match="--omp-wait passive"):
         BenchConfig(omp_wait="sometimes")
 

@@ -56,10 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--omp-wait",
-        choices=("auto", "active", "passive"),
-        default="auto",
-        help="OpenMP threads at barriers: active (spin), passive (sleep), or auto = active unless the machine is "
-        "busy at the start (default: auto; OMP_WAIT_POLICY in the environment wins)",
+        choices=("active", "passive"),
+        default="passive",
+        help="OpenMP threads at barriers: passive (sleep) or active (spin) (default: passive; OMP_WAIT_POLICY in "
+        "the environment wins)",
     )
     p.add_argument(
         "--scaling", type=_list, default=["weak"], metavar="MODES", help="weak, strong or weak,strong (default: weak)"

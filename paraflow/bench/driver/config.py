@@ -122,9 +122,8 @@ class BenchConfig:
         aa_check: launch the first training cell twice more at the start (A/A): the machine's noise floor.
         pin: bind each rank's threads to cores of its own: "on", "off", or "auto" (on unless the
             1-min load average at the start exceeds the core count; :meth:`resolve_pin`).
-        omp_wait: OpenMP threads at barriers: "active" (spin), "passive" (sleep) or "auto" (active
-            unless the 1-min load average at the start exceeds the core count;
-            :meth:`resolve_omp_wait`). OMP_WAIT_POLICY in the environment wins.
+        omp_wait: OpenMP threads at barriers: "passive" (sleep, the default) or "active" (spin).
+            OMP_WAIT_POLICY in the environment wins.
         scaling: "weak" (fixed batch per process), "strong" (fixed global batch) or both.
         sizes: collective sweep and memory-copy message sizes in bytes.
         collectives: collectives the sweep measures.
@@ -166,7 +165,7 @@ class BenchConfig:
     noisy: float = 0.10
     aa_check: bool = True
     pin: str = "auto"
-    omp_wait: str = "auto"
+    omp_wait: str = "passive"
     scaling: list = field(default_factory=lambda: ["weak"])
     sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024**2, 4))
     collectives: list = field(default_factory=lambda: ["allreduce"])
@@ -223,10 +222,8 @@ class BenchConfig:
                 raise ConfigurationError(
                     f"{name} {', '.join(wrong)}: choose from {', '.join(known)} (e.g. --{name} {known[0]})."
                 )
-        if self.omp_wait not in ("auto", "active", "passive"):
-            raise ConfigurationError(
-                f"omp_wait={self.omp_wait!r}: choose auto, active or passive (--omp-wait passive)."
-            )
+        if self.omp_wait not in ("active", "passive"):
+            raise ConfigurationError(f"omp_wait={self.omp_wait!r}: choose active or passive (--omp-wait passive).")
         if self.pin not in ("auto", "on", "off"):
             raise ConfigurationError(f"pin={self.pin!r}: choose auto, on or off (--pin off).")
         if self.units not in UNITS:
@@ -263,17 +260,6 @@ class BenchConfig:
                 "cores) and a pinned rank cannot move off a busy core"
             )
         return True, f"--pin auto: pinned, load average {load:g} on {cores} cores at the start"
-
-    def resolve_omp_wait(self, load: float, cores: int) -> tuple[str, str]:
-        """(OMP_WAIT_POLICY value, why) for this run's launches, given the load and cores at the start."""
-        if self.omp_wait != "auto":
-            return self.omp_wait.upper(), f"--omp-wait {self.omp_wait}"
-        if load > cores:
-            return "PASSIVE", (
-                f"--omp-wait auto: passive, the machine was busy at the start (load average {load:g} on {cores} "
-                "cores) and spinning threads would fight other processes for the cores"
-            )
-        return "ACTIVE", f"--omp-wait auto: active, load average {load:g} on {cores} cores at the start"
 
     def to_dict(self) -> dict:
         """JSON-ready copy, models written as specs."""

@@ -62,10 +62,10 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         require_pyplot()
     load = os.getloadavg()[0]
     pinned, why_pin = config.resolve_pin(load, cores())
-    wait, why_wait = config.resolve_omp_wait(load, cores())
+    wait, why_wait = config.omp_wait.upper(), f"--omp-wait {config.omp_wait}"
     if OMP_WAIT in os.environ:
         wait, why_wait = os.environ[OMP_WAIT], f"{OMP_WAIT}={os.environ[OMP_WAIT]} set by you"
-    config = replace(config, pin="on" if pinned else "off", omp_wait=wait.lower())
+    config = replace(config, pin="on" if pinned else "off")
     matrix = matrix or build_matrix(config)
     out = Path(config.out)
     raw = _prepare(out)

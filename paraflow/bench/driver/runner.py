@@ -145,9 +145,9 @@ def cell_env(cell: Cell, timeout: float, omp_wait: str = "passive") -> dict:
         }
     )
     if OMP_WAIT not in os.environ:
-        # BenchConfig.resolve_omp_wait: spinning threads (ACTIVE) on a quiet machine, where a
-        # 2-thread MLP step took 2.7-3.2 ms against 4.1-5.5 ms sleeping at every barrier (PASSIVE);
-        # sleeping threads on a busy one, where spinning ones were 2-5 times slower and erratic.
+        # --omp-wait (README "Less noise at the source"): sleeping threads by default. Spinning ones
+        # made a lone 2-thread step faster, but fought the launchers' own processes for the cores:
+        # two runs disagreed far more, and on a busy machine they were 2-5 times slower, erratic.
         env[OMP_WAIT] = omp_wait.upper()
     if cell.launcher == "mpirun" and MPI_YIELD not in os.environ:
         # The cell fills every core, and each horovod rank adds a background thread: Open MPI's
