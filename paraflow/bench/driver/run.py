@@ -60,8 +60,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         from ..report.plots import require_pyplot
 
         require_pyplot()
-    load = os.getloadavg()[0]
-    pinned, why_pin = config.resolve_pin(load, cores())
+    pinned, why_pin = config.resolve_pin(os.getloadavg()[0], cores())
     wait, why_wait = config.omp_wait.upper(), f"--omp-wait {config.omp_wait}"
     if OMP_WAIT in os.environ:
         wait, why_wait = os.environ[OMP_WAIT], f"{OMP_WAIT}={os.environ[OMP_WAIT]} set by you"

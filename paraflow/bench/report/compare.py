@@ -66,7 +66,7 @@ def _log_normal(value, low, high, launches) -> Optional[tuple]:
     return (math.log(low) + math.log(high)) / 2, half / t975(df), df
 
 
-def welch_p(a: tuple, b: tuple) -> Optional[float]:
+def welch_p(a: tuple, b: tuple) -> float:
     """Two-sided p-value of Welch's t test between two (centre, standard error, df) estimates."""
     (ca, sa, da), (cb, sb, db) = a, b
     se2 = sa * sa + sb * sb
