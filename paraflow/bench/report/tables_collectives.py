@@ -158,9 +158,7 @@ def _mean(values: list) -> Optional[float]:
 
 
 def _footer(ident: dict, collective: str, dtype: str, body: list) -> dict:
-    measured = [r for r in body if r["vs_raw"] is not None]
-    large = [r["vs_raw"] for r in measured if r["size_bytes"] >= LARGE]
-    ends = [(r.get("vs_raw_low"), r.get("vs_raw_high")) for r in measured if r["size_bytes"] >= LARGE]
+    large = [r for r in body if r["vs_raw"] is not None and r["size_bytes"] >= LARGE]
     first = body[0] if body else {}
     return {
         **{k: ident[k] for k in ("backend", "launcher", "processes")},
@@ -171,10 +169,14 @@ def _footer(ident: dict, collective: str, dtype: str, body: list) -> dict:
         "avg_raw_busbw": _mean([r["raw_busbw"] for r in body]),
         "avg_busbw": _mean([r["busbw"] for r in body]),
         "avg_busbw_vs_memcpy": _mean([r["busbw_vs_memcpy"] for r in body]),
-        "worst_vs_raw_large": max(large) if large else None,
+        "worst_vs_raw_large": max((r["vs_raw"] for r in large), default=None),
         # the interval ends that decide the verdict: the highest low end and the highest high end
-        "worst_vs_raw_large_low": max((lo for lo, _ in ends if lo is not None), default=None),
-        "worst_vs_raw_large_high": max((hi for _, hi in ends if hi is not None), default=None),
+        "worst_vs_raw_large_low": max(
+            (r["vs_raw_low"] for r in large if r.get("vs_raw_low") is not None), default=None
+        ),
+        "worst_vs_raw_large_high": max(
+            (r["vs_raw_high"] for r in large if r.get("vs_raw_high") is not None), default=None
+        ),
         "vs_raw_smallest": first.get("vs_raw"),
         "vs_raw_smallest_low": first.get("vs_raw_low"),
         "vs_raw_smallest_high": first.get("vs_raw_high"),

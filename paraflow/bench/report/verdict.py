@@ -42,6 +42,17 @@ def _percent_text(est: intervals.Estimate) -> str:
     return f"{est.value:.0%} [{est.low:.0%}–{est.high:.0%}]"
 
 
+def _beaten_by(slow: intervals.Estimate, faster: list, noise_floor: float) -> Optional[tuple]:
+    """(name, factor text) of the first of the `faster` rows that beats `slow` beyond noise, else
+    None: a row measured too loosely to beat anything (the fastest by its median, say) cannot
+    hide a difference the other rows show."""
+    for row, est in faster:
+        factor, beats = compare_pair(est["x"], slow, noise_floor)
+        if beats:
+            return _name(row), _factor_text(factor)
+    return None
+
+
 def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor: float, tuned: bool = False) -> dict:
     """entries: (row, estimates) of one model, scaling and process count, each with a throughput."""
     entries = sorted(entries, key=lambda e: -e[1]["x"].value)
@@ -49,21 +60,7 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor:
     others = []
     for i, (row, est) in enumerate(entries[1:], start=1):
         factor, significant = compare_pair(fast["x"], est["x"], noise_floor)
-        # slower when any faster row beats it beyond noise: one row measured too loosely to beat
-        # anything (the fastest by its median, say) cannot hide a difference the others show
-        beaten_by = (
-            None
-            if significant
-            else next(
-                (
-                    (_name(other_row), by)
-                    for other_row, other in entries[1:i]
-                    for by, beats in [compare_pair(other["x"], est["x"], noise_floor)]
-                    if beats
-                ),
-                None,
-            )
-        )
+        beaten_by = None if significant else _beaten_by(est["x"], entries[1:i], noise_floor)
         others.append(
             {
                 "name": _name(row),
@@ -72,7 +69,7 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor:
                 "high": factor.high,
                 "slower": significant or beaten_by is not None,
                 "beaten_by": beaten_by and beaten_by[0],
-                "by": beaten_by and _factor_text(beaten_by[1]),
+                "by": beaten_by and beaten_by[1],
             }
         )
     ties = sorted([_name(fast_row)] + [o["name"] for o in others if not o["slower"]])
