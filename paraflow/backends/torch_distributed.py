@@ -79,7 +79,8 @@ class TorchDistributedBackend(Backend):
 
     @property
     def _bundles_checks(self) -> bool:
-        """A repeated mid-sized allreduce may carry the cross-rank check (reliability/check_bundle.py):
+        """Where the ranks share no memory (reliability/check_board.py), a repeated mid-sized allreduce
+        may carry the cross-rank check (reliability/check_bundle.py):
         over gloo on the CPU, where a check frame costs as much as the allreduce itself."""
         return self.transport == "gloo" and self.device.type == "cpu"
 

@@ -179,6 +179,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
             if self._stall is not None:
                 self._stall.stop()
             self._shutdown()
+            self._release_check()
 
     def __enter__(self) -> Backend:
         return self.init()

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import ConfigurationError
 from ..reliability.check_exchange import exchange
+from ..reliability.collective_check import call_site
 from ..reliability.translation import collective_errors
 from .options import REDUCE_OPS
 
@@ -125,7 +126,8 @@ class Collectives:
         def work() -> torch.Tensor:
             return tensor.detach().clone() if copy else tensor.detach()
 
-        with collective_errors(self, collective), self._marked(collective):
+        site = call_site()  # once, for the stall report and the check
+        with collective_errors(self, collective), self._marked(collective, site):
             if self.world_size == 1:
                 return run(work())
             self.collective_count += 1
@@ -137,15 +139,23 @@ class Collectives:
                 carry=True,
                 start=start and (lambda: start(work())),
                 in_place=not copy,
+                site=site,
                 **arguments,
             )
             if outcome.carried is not None:
                 return combine(outcome.carried)
             return outcome.finish() if outcome.finish is not None else run(work())
 
-    def _marked(self, call: str) -> ContextManager:
-        """Record `call` as this rank's phase while it runs (read only by the stall report)."""
-        return contextlib.nullcontext() if self._activity is None else self._activity.call(call)
+    def _release_check(self) -> None:
+        """Forget what the ranks agreed on and release the check's shared memory (at shutdown)."""
+        board = getattr(self, "_check_board", None)
+        if board:
+            board.close()
+        self._check_board = self._agreed_run = self._last_agreed = self._bundle_buffer = None
+
+    def _marked(self, call: str, site: Optional[str] = None) -> ContextManager:
+        """Record `call` (made at `site`) as this rank's phase while it runs (read only by the stall report)."""
+        return contextlib.nullcontext() if self._activity is None else self._activity.call(call, site)
 
     # ---------------------------------------------------------------- for subclasses
     #: Optional asynchronous forms of the hooks, each returning a function that waits and gives the

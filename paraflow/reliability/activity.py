@@ -85,8 +85,9 @@ class Activity:
         self.joins = 0
 
     @contextlib.contextmanager
-    def call(self, name: str) -> Iterator[None]:
-        """Around one paraflow call; calls made inside it (save's allgathers) keep the outer name."""
+    def call(self, name: str, site: Optional[str] = None) -> Iterator[None]:
+        """Around one paraflow call made at `site` (found here if None); calls made inside it (save's
+        allgathers) keep the outer name."""
         if self._depth:
             self._depth += 1
             try:
@@ -95,7 +96,7 @@ class Activity:
                 self._depth -= 1
             return
         self._depth = 1
-        site = call_site()
+        site = site if site is not None else call_site()
         self.state = State(name, site, self.step, time.monotonic(), True)
         try:
             yield

@@ -30,7 +30,15 @@ import torch
 
 from .collective_check import _COMPARED_BYTES, _DESCRIPTOR_BYTES, _PACK, _Descriptor, mismatch_error
 
-__all__ = ["BUNDLE_MAX_BYTES", "BUNDLE_AFTER", "bundle_spec", "bundled", "note_agreed", "forget_agreed"]
+__all__ = [
+    "BUNDLE_MAX_BYTES",
+    "BUNDLE_AFTER",
+    "repeated_call",
+    "bundle_spec",
+    "bundled",
+    "note_agreed",
+    "forget_agreed",
+]
 
 BUNDLE_MAX_BYTES = 2 * 2**20
 #: Agreements in a row on the same allreduce before the next call is bundled.
@@ -53,18 +61,27 @@ def forget_agreed(backend) -> None:
     backend._agreed_run = None
 
 
+def repeated_call(backend) -> Optional[tuple]:
+    """(key, spec) of the call every rank agreed on BUNDLE_AFTER times in a row, or None (also when
+    it rode in the frame): the same on every rank."""
+    state = getattr(backend, "_agreed_run", None)
+    if state is None or state[1] is None or state[2] < BUNDLE_AFTER:
+        return None
+    return state[0], state[1]
+
+
 def bundle_spec(backend, carry_bytes: int) -> Optional[tuple]:
     """(key, spec) of the allreduce every rank bundles next, or None: the same decision on every rank."""
-    state = getattr(backend, "_agreed_run", None)
-    if state is None or state[1] is None or state[2] < BUNDLE_AFTER or not getattr(backend, "_bundles_checks", False):
+    repeated = repeated_call(backend)
+    if repeated is None or not getattr(backend, "_bundles_checks", False):
         return None
-    collective, dtype, shape, op, _ = state[1]
+    collective, dtype, shape, op, _ = repeated[1]
     nbytes = torch.Size(shape).numel() * dtype.itemsize
     if collective != "allreduce" or dtype not in _DTYPES or not carry_bytes < nbytes <= BUNDLE_MAX_BYTES:
         return None
     if op == "mean" and getattr(backend, "_mean_scales_buffer", False) and dtype not in _SCALED_DTYPES:
         return None  # a descriptor byte / n must come back exactly from the slot
-    return state[0], state[1]
+    return repeated
 
 
 def bundled(

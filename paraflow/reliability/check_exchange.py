@@ -16,6 +16,11 @@ rank whatever the tensors, so it is safe when they disagree): this rank's descri
   holds the unusable result).
 - Otherwise the frames are checked first and the collective runs after.
 
+Once every rank has agreed on the same call BUNDLE_AFTER times in a row, no frame is sent:
+ranks of one host post their descriptors in shared memory and the repeated collective is the
+barrier (:mod:`paraflow.reliability.check_board`); ranks on several hosts over gloo carry them
+in the repeated allreduce itself (:mod:`paraflow.reliability.check_bundle`).
+
 Overlapping needs the backend's asynchronous hooks (``_start_allgather``, ``_start_allreduce``,
 ``_start_broadcast``, each returning a function that waits and gives the result); without them
 the check runs first.
@@ -28,7 +33,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .check_bundle import bundle_spec, bundled, forget_agreed, note_agreed
+from .check_board import board_for, on_board
+from .check_bundle import bundle_spec, bundled, forget_agreed, note_agreed, repeated_call
 from .collective_check import (
     _COMPARED_BYTES,
     _DESCRIPTOR_BYTES,
@@ -89,6 +95,7 @@ def exchange(
     carry: bool = False,
     start: Optional[Callable[[], Callable]] = None,
     in_place: bool = False,
+    site: Optional[str] = None,
 ) -> Outcome:
     """Check that every rank is about to run the same collective; raise CollectiveError everywhere if not.
 
@@ -103,16 +110,30 @@ def exchange(
         start: starts the collective itself and returns the function that waits for its result
             (None: the caller runs it).
         in_place: the caller copies the result into its own tensor at once (a bundle may reuse its buffer).
+        site: the user's call site (found here if None).
     """
     argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
-    words = _words(collective, sequence, tensor, argument, call_site())
+    words = _words(collective, sequence, tensor, argument, site or call_site())
     if debug_enabled():
         trace(backend.rank, str(_Descriptor(words)))
     nbytes = tensor.numel() * tensor.element_size() if tensor is not None else 0
     fits = carry and tensor is not None and nbytes <= CARRY_BYTES
     key = (words[1], *words[3:14])  # what is compared, but the sequence number
     spec = (collective, tensor.dtype, tuple(tensor.shape), op, src) if tensor is not None and not fits else None
-    bundle = bundle_spec(backend, CARRY_BYTES)
+    repeated = repeated_call(backend)
+    board = repeated and getattr(backend, f"_start_{repeated[1][0]}", None) and board_for(backend)
+    if board:  # check_board.py: ranks of one host post their descriptors in shared memory
+        try:
+            finish = on_board(backend, board, repeated[1], words, start if key == repeated[0] else None)
+        except Exception:
+            backend._last_agreed = None
+            forget_agreed(backend)
+            raise
+        if finish is not None:
+            note_agreed(backend, key, spec)
+            return Outcome(finish=finish)
+        forget_agreed(backend)  # every rank agreed on another call: the usual way
+    bundle = None if board else bundle_spec(backend, CARRY_BYTES)
     if bundle is not None:  # check_bundle.py: the repeated allreduce carries the check
         finish = bundled(backend, bundle[1], words, tensor if key == bundle[0] else None, reuse=in_place)
         if finish is not None:

@@ -133,7 +133,8 @@ class HorovodBackend(HorovodCollectives, Backend):
 
     @property
     def _bundles_checks(self) -> bool:
-        """A repeated mid-sized allreduce may carry the cross-rank check (reliability/check_bundle.py):
+        """Where the ranks share no memory (reliability/check_board.py), a repeated mid-sized allreduce
+        may carry the cross-rank check (reliability/check_bundle.py):
         over gloo on the CPU, where the check frame's allgather costs a round trip of its own
         (horovod's background thread runs the two one after the other). Under MPI the frame is cheap."""
         return self.transport == "gloo" and self.device.type == "cpu"

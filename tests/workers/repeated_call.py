@@ -1,9 +1,11 @@
-"""A repeated mid-sized allreduce that carries the cross-rank check (paraflow/reliability/check_bundle.py).
+"""A repeated mid-sized allreduce whose cross-rank check rides along: on the shared-memory board
+(paraflow/reliability/check_board.py) or, with PARAFLOW_SHARED_CHECK=0, bundled into the
+allreduce (check_bundle.py).
 
-Usage: torchrun --nproc_per_node 2 tests/workers/check_bundle.py OUT [BACKEND]
-   or: horovodrun -np 2 --gloo python tests/workers/check_bundle.py OUT horovod
+Usage: torchrun --nproc_per_node 2 tests/workers/repeated_call.py OUT [BACKEND]
+   or: horovodrun -np 2 --gloo python tests/workers/repeated_call.py OUT horovod
 Every result is compared element by element with the value computed by hand; OUT/rank<R>.json
-holds the counts of wrong elements, how many calls were bundled, and the mismatch outcomes.
+holds the counts of wrong elements, how many calls went each way, and the mismatch outcomes.
 """
 
 import json
@@ -18,17 +20,18 @@ from paraflow.reliability import check_bundle, check_exchange
 N = 5000  # 20 KB in float32: above what rides in the frame, below BUNDLE_MAX_BYTES
 CALLS = check_bundle.BUNDLE_AFTER + 4
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64, "int64": torch.int64}
-bundled_calls = []
+counts = {"bundled": 0, "boarded": 0}
 
 
-def count_bundles():
-    original = check_exchange.bundled
+def count(name: str, key: str, mine) -> None:
+    """Count calls of check_exchange.`name` in which this rank's call was the repeated one."""
+    original = getattr(check_exchange, name)
 
     def counting(*args, **kwargs):
-        bundled_calls.append(args[3] is not None)  # this rank's call was the repeated one
+        counts[key] += mine(args) is not None
         return original(*args, **kwargs)
 
-    check_exchange.bundled = counting
+    setattr(check_exchange, name, counting)
 
 
 def values(rank: int, call: int, dtype) -> torch.Tensor:
@@ -49,7 +52,8 @@ def expected(op, rows):
 
 
 def main(out: Path, name: str) -> None:
-    count_bundles()
+    count("bundled", "bundled", lambda args: args[3])
+    count("on_board", "boarded", lambda args: args[4])
     results = {"wrong": {}}
     dtypes = {k: v for k, v in DTYPES.items() if not (name == "horovod" and k == "bfloat16")}  # horovod 0.28: no bf16
     with paraflow.init(name) as backend:
@@ -68,7 +72,7 @@ def main(out: Path, name: str) -> None:
                         bad += wrong(backend.allreduce_(x, op), expected(op, rows))
                 bad += sum(wrong(got, want) for got, want in kept)  # results returned earlier still hold
                 results["wrong"][f"{label}/{op}"] = bad
-        results["bundled"] = sum(bundled_calls)
+        results.update(counts)
         mismatches = {}
         big, other = torch.ones(N), torch.ones(N + 1)
         cases = {  # rank 0 repeats the primed call, the others do this

@@ -1,0 +1,76 @@
+"""The shared-memory board the ranks of one host post their descriptors on (check_board.py)."""
+
+import mmap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from paraflow.errors import CollectiveError
+from paraflow.reliability import check_board
+from paraflow.reliability.check_board import SLOTS, CheckBoard, on_board
+from paraflow.reliability.collective_check import _words
+
+SIZE = 8 + 2 * SLOTS * (8 + 8 * 26)
+
+
+def boards(n=2):
+    memory = mmap.mmap(-1, SIZE)  # anonymous: one process plays every rank
+    return [CheckBoard(memory, n, rank) for rank in range(n)]
+
+
+def words(sequence, numel=5000, collective="allreduce", op=0, site="train.py:10"):
+    return _words(collective, sequence, torch.empty(numel), op, site)
+
+
+def test_each_rank_reads_every_descriptor_of_a_call():
+    b0, b1 = boards()
+    b0.post(7, words(7))
+    b1.post(7, words(7, numel=6000))
+    rows = b0.rows(7)
+    assert rows == b1.rows(7)
+    assert rows[0] != rows[1] and len(rows[0]) == 26 * 8
+
+
+def test_the_next_calls_use_other_slots():
+    b0, b1 = boards()
+    for sequence in range(1, SLOTS + 1):
+        b0.post(sequence, words(sequence))
+        b1.post(sequence, words(sequence))
+    b1.post(SLOTS + 1, words(SLOTS + 1, numel=1))  # rank 1 already in its next call
+    assert b0.rows(SLOTS)[1] == b0.rows(SLOTS)[0], "the next call overwrote this one"
+
+
+def test_a_rank_that_never_posted_shows_its_old_descriptor_after_a_bounded_wait(monkeypatch):
+    monkeypatch.setattr(check_board, "_STAMP_WAIT_S", 0.05)
+    b0, b1 = boards()
+    b1.post(3, words(3, collective="broadcast"))
+    b0.post(3 + SLOTS, words(3 + SLOTS))
+    rows = b0.rows(3 + SLOTS)
+    assert rows[0] != rows[1]
+
+
+def fake_backend(rank, n=2):
+    """A backend whose 'collective' completes at once and returns its input."""
+    return SimpleNamespace(
+        rank=rank, world_size=n, device=torch.device("cpu"), _start_allreduce=lambda t, op: lambda: t
+    )
+
+
+def test_agreeing_ranks_get_their_result_and_a_different_call_raises_on_every_rank():
+    spec = ("allreduce", torch.float32, (5000,), "sum", None)
+    b0, b1 = boards()
+    mine = torch.ones(5000)
+    b1.post(11, words(11))
+    finish = on_board(fake_backend(0), b0, spec, words(11), lambda: lambda: mine)
+    assert finish() is mine
+    b1.post(12, words(12, collective="barrier"))
+    with pytest.raises(CollectiveError, match="ranks called different collectives"):
+        on_board(fake_backend(0), b0, spec, words(12), lambda: lambda: mine)
+
+
+def test_every_rank_making_the_same_other_call_is_not_an_error():
+    spec = ("allreduce", torch.float32, (5000,), "sum", None)
+    b0, b1 = boards()
+    b1.post(5, words(5, numel=6000))
+    assert on_board(fake_backend(0), b0, spec, words(5, numel=6000), None) is None
