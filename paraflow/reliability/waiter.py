@@ -18,6 +18,9 @@ from .deadlines import DeadlineExceeded
 
 __all__ = ["Waiter"]
 
+#: How long close() waits for an idle thread to end (it ends at once).
+_JOIN_S = 5.0
+
 
 class _Job:
     __slots__ = ("fn", "done", "value", "error")
@@ -51,20 +54,31 @@ class Waiter:
         return job.value
 
     def close(self) -> None:
-        """Let the thread end once the waits given before are done (a stuck one keeps it, as a daemon)."""
+        """End the thread once the waits given before are done, and wait for that unless one of
+        them is stuck (then the thread stays, as a daemon). A thread still running at interpreter
+        exit that frees a tensor there aborts the process ("terminate called without an active
+        exception"), so an idle one is joined."""
         if self._thread is not None:
             self._jobs.put(None)
+            if self._idle:
+                self._thread.join(timeout=_JOIN_S)
             self._thread = None
+
+    _idle = True  # no wait given to the thread is unfinished
 
     def _loop(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 return
+            self._idle = False
             try:
                 job.value = job.fn()
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 job.error = exc
             finally:
                 job.fn = None
-            job.done.set()
+            self._idle = True
+            done = job.done
+            del job  # hold no result while blocked: the caller frees it
+            done.set()

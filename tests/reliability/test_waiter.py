@@ -1,6 +1,8 @@
 """Blocking waits on a thread of their own: results, errors and the timeout reach the caller."""
 
+import gc
 import threading
+import weakref
 
 import pytest
 
@@ -41,3 +43,37 @@ def test_close_ends_the_thread_and_a_later_wait_starts_a_new_one():
     thread.join(5)
     assert not thread.is_alive()
     assert waiter.run(lambda: 2, 5, "job") == 2 and waiter._thread is not thread
+
+
+def test_close_returns_once_an_idle_thread_has_ended():
+    waiter = Waiter("test waiter")
+    assert waiter.run(lambda: 1, 5, "job") == 1
+    thread = waiter._thread
+    waiter.close()
+    assert not thread.is_alive(), "a thread alive at interpreter exit may abort the process"
+
+
+def test_close_does_not_wait_for_a_stuck_wait():
+    waiter = Waiter("test waiter")
+    release = threading.Event()
+    with pytest.raises(DeadlineExceeded):
+        waiter.run(release.wait, 0.1, "waiting for rank 1")
+    thread = waiter._thread
+    waiter.close()
+    assert thread.is_alive()
+    release.set()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_the_thread_keeps_no_result_once_the_caller_has_it():
+    class Result:
+        pass
+
+    waiter = Waiter("test waiter")
+    result = waiter.run(Result, 5, "job")
+    alive = weakref.ref(result)
+    del result
+    gc.collect()
+    assert alive() is None, "the waiting thread still holds the result (freed there at exit, it aborts)"
+    waiter.close()
