@@ -151,7 +151,7 @@ class Collectives:
         board = getattr(self, "_check_board", None)
         if board:
             board.close()
-        self._check_board = self._agreed_run = self._last_agreed = self._bundle_buffer = None
+        self._check_board = self._agreed_run = self._last_agreed = self._bundle_buffer = self._traced = None
 
     def _marked(self, call: str, site: Optional[str] = None) -> ContextManager:
         """Record `call` (made at `site`) as this rank's phase while it runs (read only by the stall report)."""

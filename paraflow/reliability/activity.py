@@ -16,11 +16,9 @@ has lasted too long. Phases:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -84,25 +82,10 @@ class Activity:
         self.uneven: dict = {}
         self.joins = 0
 
-    @contextlib.contextmanager
-    def call(self, name: str, site: Optional[str] = None) -> Iterator[None]:
-        """Around one paraflow call made at `site` (found here if None); calls made inside it (save's
-        allgathers) keep the outer name."""
-        if self._depth:
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-            return
-        self._depth = 1
-        site = site if site is not None else call_site()
-        self.state = State(name, site, self.step, time.monotonic(), True)
-        try:
-            yield
-        finally:
-            self._depth = 0
-            self.state = State("idle", site, self.step, time.monotonic(), False, name)
+    def call(self, name: str, site: Optional[str] = None) -> _Call:
+        """Context around one paraflow call made at `site` (found here if None); calls made inside
+        it (save's allgathers) keep the outer name."""
+        return _Call(self, name, site)
 
     def forward_started(self, training: bool, site: Any) -> None:
         """A forward pass of the wrapped model begins at `site`; with gradients, it starts a new step."""
@@ -190,3 +173,26 @@ class _ForwardMarker(_Marker):
             activity.forward_started(training, _forward_site())
         else:
             activity.forward_done(training)
+
+
+class _Call:
+    """What :meth:`Activity.call` returns (a class, not a generator: it wraps every public collective)."""
+
+    __slots__ = ("activity", "name", "site")
+
+    def __init__(self, activity: Activity, name: str, site: Optional[str]) -> None:
+        self.activity, self.name, self.site = activity, name, site
+
+    def __enter__(self) -> None:
+        activity = self.activity
+        activity._depth += 1
+        if activity._depth == 1:
+            if self.site is None:
+                self.site = call_site()
+            activity.state = State(self.name, self.site, activity.step, time.monotonic(), True)
+
+    def __exit__(self, *_: Any) -> None:
+        activity = self.activity
+        activity._depth -= 1
+        if activity._depth == 0:
+            activity.state = State("idle", self.site, activity.step, time.monotonic(), False, self.name)

@@ -67,6 +67,16 @@ class CheckBoard:
         _PACK.pack_into(self._memory, at + _STAMP, *words)
         self._view[at : at + _STAMP] = sequence.to_bytes(_STAMP, "little", signed=True)
 
+    def agree(self, sequence: int) -> bool:
+        """True when every rank posted call `sequence` and every compared part equals rank 0's
+        (one read of the call's slots: the common case, checked first)."""
+        at, compared = self._offset(sequence, 0), _STAMP + _COMPARED_BYTES
+        block = self._view[at : at + self.world_size * _SLOT_BYTES].tobytes()  # the call's slots, in rank order
+        first = block[:compared]
+        if first[:_STAMP] != sequence.to_bytes(_STAMP, "little", signed=True):
+            return False
+        return all(block[i : i + compared] == first for i in range(_SLOT_BYTES, len(block), _SLOT_BYTES))
+
     def rows(self, sequence: int) -> list:
         """Every rank's descriptor of call `sequence`, as bytes (waits briefly for a late stamp,
         which only a rank that never posted this call can leave; its old descriptor then says so)."""
@@ -179,9 +189,10 @@ def on_board(backend, board: CheckBoard, spec: tuple, words: list, start: Option
     sequence = words[2]
     board.post(sequence, words)
     result = (start or (lambda: _start(backend, spec)))()()
-    rows = board.rows(sequence)
-    first = rows[0][:_COMPARED_BYTES]
-    if all(row[:_COMPARED_BYTES] == first for row in rows[1:]):
-        return None if start is None else (lambda: result)
-    descriptors = [_Descriptor(list(_PACK.unpack(row))) for row in rows]
-    raise mismatch_error(_Descriptor(list(words)).collective, backend.rank, descriptors)
+    if not board.agree(sequence):
+        rows = board.rows(sequence)  # a late stamp, or a mismatch
+        first = rows[0][:_COMPARED_BYTES]
+        if not all(row[:_COMPARED_BYTES] == first for row in rows[1:]):
+            descriptors = [_Descriptor(list(_PACK.unpack(row))) for row in rows]
+            raise mismatch_error(_Descriptor(list(words)).collective, backend.rank, descriptors)
+    return None if start is None else (lambda: result)

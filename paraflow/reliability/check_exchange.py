@@ -114,7 +114,10 @@ def exchange(
     """
     argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
     words = _words(collective, sequence, tensor, argument, site or call_site())
-    if debug_enabled():
+    traced = getattr(backend, "_traced", None)
+    if traced is None:  # read once per backend: not on every call
+        traced = backend._traced = debug_enabled()
+    if traced:
         trace(backend.rank, str(_Descriptor(words)))
     nbytes = tensor.numel() * tensor.element_size() if tensor is not None else 0
     fits = carry and tensor is not None and nbytes <= CARRY_BYTES

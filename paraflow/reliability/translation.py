@@ -14,7 +14,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import CollectiveError, CollectiveTimeoutError, LauncherError, ParaflowError
 from .stall import stall_facts
@@ -143,30 +143,39 @@ def translate_escaped_error(backend: Backend, exc: BaseException) -> Optional[Co
     )
 
 
-@contextlib.contextmanager
-def collective_errors(backend: Backend, collective: str) -> Iterator[None]:
+class collective_errors:  # noqa: N801 - used like the function it is: ``with collective_errors(...)``
     """Context around one collective: communication failures leave it as paraflow errors.
 
     A failure a backend already translated for one of its own steps is translated again under
-    the name of the collective the user called.
+    the name of the collective the user called. (A class, not a generator: it wraps every
+    public collective, and costs two method calls.)
     """
-    start = time.monotonic()
-    try:
-        yield
-    except RuntimeError as exc:
+
+    __slots__ = ("backend", "collective", "start")
+
+    def __init__(self, backend: Backend, collective: str) -> None:
+        self.backend, self.collective = backend, collective
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic()
+
+    def __exit__(self, kind: Any, exc: Any, traceback: Any) -> bool:
+        if exc is None or not isinstance(exc, RuntimeError):
+            return False
+        backend = self.backend
         original = getattr(exc, "original", None) if isinstance(exc, CollectiveError) else exc
         translated = original is not None and translate_collective_error(
             original,
-            collective=collective,
+            collective=self.collective,
             rank=backend.rank,
             world_size=backend.world_size,
             backend=backend.name,
             timeout=backend.timeout,
-            waited=time.monotonic() - start,
+            waited=time.monotonic() - self.start,
             facts=stall_facts(backend),
         )
         if not translated:
-            raise
+            return False
         raise translated from original
 
 

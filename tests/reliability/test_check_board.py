@@ -74,3 +74,14 @@ def test_every_rank_making_the_same_other_call_is_not_an_error():
     b0, b1 = boards()
     b1.post(5, words(5, numel=6000))
     assert on_board(fake_backend(0), b0, spec, words(5, numel=6000), None) is None
+
+
+def test_agree_is_true_only_when_every_rank_posted_the_same_call():
+    b0, b1 = boards()
+    b0.post(9, words(9))
+    assert not b0.agree(9), "rank 1 has not posted yet"
+    b1.post(9, words(9, site="other.py:3"))  # the call site is not compared
+    assert b0.agree(9) and b1.agree(9)
+    b1.post(9 + SLOTS, words(9 + SLOTS, op=3))
+    b0.post(9 + SLOTS, words(9 + SLOTS))
+    assert not b0.agree(9 + SLOTS)
