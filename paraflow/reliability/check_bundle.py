@@ -122,8 +122,6 @@ def bundled(
         if op == "mean" and not scaled:
             payload.div_(n)
         return lambda: payload.view(shape)
-    forget_agreed(backend)
-    backend._last_agreed = None
     descriptors = [_Descriptor(list(_PACK.unpack(bytes(row.tolist())))) for row in rows]
     collective = _Descriptor(list(words)).collective
     raise mismatch_error(collective, rank, descriptors)

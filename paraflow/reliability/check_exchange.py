@@ -125,20 +125,18 @@ def exchange(
     spec = (collective, tensor.dtype, tuple(tensor.shape), op, src) if tensor is not None and not fits else None
     repeated = repeated_call(backend)
     board = repeated and getattr(backend, f"_start_{repeated[1][0]}", None) and board_for(backend)
-    if board:  # check_board.py: ranks of one host post their descriptors in shared memory
+    bundle = None if board else bundle_spec(backend, CARRY_BYTES)
+    if board or bundle is not None:  # the repeated call carries the check: every rank runs it
+        mine = key == repeated[0]
         try:
-            finish = on_board(backend, board, repeated[1], words, start if key == repeated[0] else None)
+            if board:  # check_board.py: ranks of one host post their descriptors in shared memory
+                finish = on_board(backend, board, repeated[1], words, start if mine else None)
+            else:  # check_bundle.py: the repeated allreduce carries them
+                finish = bundled(backend, bundle[1], words, tensor if mine else None, reuse=in_place)
         except Exception:
             backend._last_agreed = None
             forget_agreed(backend)
             raise
-        if finish is not None:
-            note_agreed(backend, key, spec)
-            return Outcome(finish=finish)
-        forget_agreed(backend)  # every rank agreed on another call: the usual way
-    bundle = None if board else bundle_spec(backend, CARRY_BYTES)
-    if bundle is not None:  # check_bundle.py: the repeated allreduce carries the check
-        finish = bundled(backend, bundle[1], words, tensor if key == bundle[0] else None, reuse=in_place)
         if finish is not None:
             note_agreed(backend, key, spec)
             return Outcome(finish=finish)

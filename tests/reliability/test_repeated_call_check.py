@@ -8,6 +8,7 @@ from paraflow.reliability.check_board import ENVIRONMENT_SWITCH
 
 PATHS = [
     ("torchrun", "ddp-gloo", "boarded"),
+    ("torchrun-3", "ddp-gloo", "boarded"),
     ("torchrun", "ddp-gloo", "bundled"),
     ("horovodrun", "horovod", "boarded"),
     ("horovodrun", "horovod", "bundled"),
@@ -21,8 +22,10 @@ def test_repeated_calls_are_exact_and_mismatches_fail_on_every_rank(tmp_path, la
     if name == "horovod":
         pytest.importorskip("horovod.torch", reason="horovod is not installed (make install builds it)")
     env = {ENVIRONMENT_SWITCH: "1" if way == "boarded" else "0"}
-    launch_ok(launcher, 2, [WORKERS / "repeated_call.py", tmp_path, name], timeout=200, env=env)
-    for result in read_rank_json(tmp_path, 2):
+    launcher, _, ranks = launcher.partition("-")
+    nproc = int(ranks or 2)
+    launch_ok(launcher, nproc, [WORKERS / "repeated_call.py", tmp_path, name], timeout=200, env=env)
+    for result in read_rank_json(tmp_path, nproc):
         assert result["wrong"] and all(v == 0 for v in result["wrong"].values()), result["wrong"]
         assert result[way] >= 4 * len(result["wrong"]), f"the repeated calls were not {way}"
         other = {"boarded": "bundled", "bundled": "boarded"}[way]
