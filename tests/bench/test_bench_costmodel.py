@@ -170,3 +170,22 @@ def test_the_published_comparison_gives_numbers_for_the_three_models():
     assert vgg["efficiency_no_overlap"] == min(r["efficiency_no_overlap"] for r in rows)  # 138 M parameters
     # a faster link projects a higher efficiency
     assert published_comparison(link_gbit=100)[-1]["efficiency_no_overlap"] > vgg["efficiency_no_overlap"]
+
+
+def test_the_fit_gives_the_same_bits_whatever_the_thread_count():
+    """Tables rebuilt from results.json (in another process, with other threads) must match."""
+    import random
+
+    rng = random.Random(3)
+    sizes = [4096 * 4**i for i in range(8)]
+    threads = torch.get_num_threads()
+    try:
+        for _ in range(40):
+            times = [(50e-6 + s / 1e9) * (1 + rng.uniform(-0.3, 0.3)) for s in sizes]
+            fits = []
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                fits.append(fit_alpha_beta(sizes, times, 2, "ring", 0.0))
+            assert fits[0] == fits[1], times
+    finally:
+        torch.set_num_threads(threads)

@@ -99,8 +99,25 @@ def allreduce_s(alpha: float, bandwidth: float, size: float, n: int, algorithm: 
 
 
 def _solve(design: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Least squares with rows scaled by `weights` (1/T: each residual relative to its time)."""
-    return torch.linalg.lstsq(design * weights[:, None], target * weights).solution
+    """Least squares for one or two unknowns with rows scaled by `weights` (1/T: each residual
+    relative to its time). Plain float64 arithmetic on the normal equations of the columns scaled
+    to unit length: the same bits whatever torch's thread count (LAPACK's lstsq differs in the last
+    bits between 1 and 2 threads, and tables rebuilt from results.json must match)."""
+    columns = list(zip(*(design * weights[:, None]).tolist()))
+    y = (target * weights).tolist()
+    scales = [math.sqrt(math.fsum(v * v for v in column)) or 1.0 for column in columns]
+    columns = [[v / scale for v in column] for column, scale in zip(columns, scales)]
+    gram = [[math.fsum(a * b for a, b in zip(ci, cj)) for cj in columns] for ci in columns]
+    right = [math.fsum(a * b for a, b in zip(column, y)) for column in columns]
+    if len(columns) == 1:
+        solution = [right[0] / gram[0][0]]
+    else:
+        det = gram[0][0] * gram[1][1] - gram[0][1] * gram[1][0]
+        solution = [
+            (right[0] * gram[1][1] - gram[0][1] * right[1]) / det,
+            (gram[0][0] * right[1] - gram[1][0] * right[0]) / det,
+        ]
+    return torch.tensor([p / scale for p, scale in zip(solution, scales)], dtype=torch.float64)
 
 
 def fit_alpha_beta(
