@@ -67,11 +67,16 @@ class CheckBoard:
         _PACK.pack_into(self._memory, at + _STAMP, *words)
         self._view[at : at + _STAMP] = sequence.to_bytes(_STAMP, "little", signed=True)
 
+    def _block(self, sequence: int) -> bytes:
+        """Every rank's slot of call `sequence`, in rank order, in one read."""
+        at = self._offset(sequence, 0)
+        return self._view[at : at + self.world_size * _SLOT_BYTES].tobytes()
+
     def agree(self, sequence: int) -> bool:
         """True when every rank posted call `sequence` and every compared part equals rank 0's
         (one read of the call's slots: the common case, checked first)."""
-        at, compared = self._offset(sequence, 0), _STAMP + _COMPARED_BYTES
-        block = self._view[at : at + self.world_size * _SLOT_BYTES].tobytes()  # the call's slots, in rank order
+        compared = _STAMP + _COMPARED_BYTES
+        block = self._block(sequence)
         first = block[:compared]
         if first[:_STAMP] != sequence.to_bytes(_STAMP, "little", signed=True):
             return False
@@ -81,10 +86,9 @@ class CheckBoard:
         """Every rank's descriptor of call `sequence`, as bytes (waits briefly for a late stamp,
         which only a rank that never posted this call can leave; its old descriptor then says so)."""
         stamp = sequence.to_bytes(_STAMP, "little", signed=True)
-        at = self._offset(sequence, 0)
         deadline = None
         while True:
-            block = self._view[at : at + self.world_size * _SLOT_BYTES].tobytes()  # the call's slots, in rank order
+            block = self._block(sequence)
             slots = [block[i : i + _SLOT_BYTES] for i in range(0, len(block), _SLOT_BYTES)]
             if all(slot[:_STAMP] == stamp for slot in slots):
                 break
@@ -106,12 +110,16 @@ def _namespace() -> int:
         return -1
 
 
+def _switched_on() -> bool:
+    return os.environ.get(ENVIRONMENT_SWITCH, "1") != "0"
+
+
 def _open(backend) -> Optional[CheckBoard]:
     """Open the board on every rank (two collectives, every rank at the same call), or None."""
     n, rank = backend.world_size, backend.rank
     size = _NONCE + n * SLOTS * _SLOT_BYTES
     nonce, path = secrets.randbits(63), ""
-    if rank == 0 and os.environ.get(ENVIRONMENT_SWITCH, "1") != "0":
+    if rank == 0 and _switched_on():
         try:
             fd, path = tempfile.mkstemp(prefix="paraflow-check-", dir=_SHM)
             try:
@@ -143,7 +151,7 @@ def _map(note: bytes, size: int) -> Optional[mmap.mmap]:
     """Map the file rank 0 named in `note`, if this rank may and can see it (None otherwise)."""
     path = note[16:].rstrip(b"\0").decode(errors="replace")
     same_namespace = int.from_bytes(note[8:16], "little", signed=True) == _namespace()
-    if not path or not same_namespace or os.environ.get(ENVIRONMENT_SWITCH, "1") == "0":
+    if not path or not same_namespace or not _switched_on():
         return None
     try:
         fd = os.open(path, os.O_RDWR)

@@ -134,8 +134,7 @@ def exchange(
             else:  # check_bundle.py: the repeated allreduce carries them
                 finish = bundled(backend, bundle[1], words, tensor if mine else None, reuse=in_place)
         except Exception:
-            backend._last_agreed = None
-            forget_agreed(backend)
+            _forget_agreements(backend)
             raise
         if finish is not None:
             note_agreed(backend, key, spec)
@@ -174,7 +173,12 @@ def exchange(
             pass
     elif any(started) and last is not None:
         _drain(backend, last[1])
-    backend._last_agreed = None
-    forget_agreed(backend)
+    _forget_agreements(backend)
     descriptors = [_Descriptor(row[:_DESCRIPTOR_BYTES].cpu().view(torch.int64).tolist()) for row in rows]
     raise mismatch_error(collective, backend.rank, descriptors)
+
+
+def _forget_agreements(backend) -> None:
+    """After a mismatch or a failure: nothing the ranks agreed on before may start a call early."""
+    backend._last_agreed = None
+    forget_agreed(backend)

@@ -160,7 +160,7 @@ class collective_errors:  # noqa: N801 - used like the function it is: ``with co
         self.start = time.monotonic()
 
     def __exit__(self, kind: Any, exc: Any, traceback: Any) -> bool:
-        if exc is None or not isinstance(exc, RuntimeError):
+        if not isinstance(exc, RuntimeError):
             return False
         backend = self.backend
         original = getattr(exc, "original", None) if isinstance(exc, CollectiveError) else exc
