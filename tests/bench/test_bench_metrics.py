@@ -132,6 +132,8 @@ def test_config_refuses_bad_values_with_the_fix():
         BenchConfig(timeout=0)
     with pytest.raises(ConfigurationError, match="repeat=0"):
         BenchConfig(repeat=0)
+    with pytest.raises(ConfigurationError, match="threads=0"):
+        BenchConfig(threads=0)
     with pytest.raises(ConfigurationError, match="--collectives allreduce"):
         BenchConfig(collectives=["alltoall"])
     with pytest.raises(ConfigurationError, match="--dtypes float32"):

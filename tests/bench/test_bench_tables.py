@@ -292,9 +292,9 @@ def test_matrix_on_a_two_core_host_without_gpu():
         "overhead-horovod-mpirun-2",
     ]
     by_id = {c.id: c for c in m.cells}
-    assert by_id["single-python-1-r1"].threads == 2 and by_id["ddp-gloo-torchrun-2-r2"].threads == 1
+    # one thread per process at every count on 2 cores: the baseline computes as each rank of 2 does
+    assert {c.threads for c in m.cells} == {1}
     assert by_id["single-python-1-aa-r1"].models == (BenchConfig().models[0],)
-    assert by_id["memcpy"].threads == 1  # what each rank of the sweep cells uses
     assert [c.sweep for c in m.cells if c.kind == "train" and c.repeat == 1 and not c.tag] == [
         False,
         False,
@@ -318,7 +318,7 @@ def test_matrix_on_a_gpu_host_adds_dp_and_ddp_nccl_up_to_the_gpu_count():
     ids = [c.id for c in m.cells]
     assert "dp-python-1-r1" in ids and "ddp-nccl-torchrun-2-r1" in ids and "ddp-nccl-torchrun-4-r1" not in ids
     assert "memcpy" not in ids and not any(i.startswith("overhead") or "-aa-" in i for i in ids)
-    assert {c.threads for c in m.cells if c.nproc == 4} == {4}
+    assert {c.threads for c in m.cells} == {4}  # 16 cores over the largest count, at every count
 
 
 def test_matrix_keeps_the_single_baseline_and_refuses_unknown_names():
@@ -335,6 +335,14 @@ def test_matrix_keeps_the_single_baseline_and_refuses_unknown_names():
 
     with pytest.raises(UnknownBackendError, match="known: single"):
         build_matrix(BenchConfig(backends=["mpi-magic"]), **base)
+
+
+def test_matrix_gives_every_cell_the_threads_asked_for():
+    base = dict(available=AVAILABLE, cuda_devices=0, total_cores=8)
+    m = build_matrix(BenchConfig(nprocs=[1, 2], repeat=1), **base)
+    assert {c.threads for c in m.cells} == {4}  # 8 cores over 2 processes, at 1 process too
+    m = build_matrix(BenchConfig(nprocs=[1, 2], repeat=1, threads=3), **base)
+    assert {c.threads for c in m.cells} == {3}
 
 
 TORCHRUN_STDERR = """[rank0]: Traceback (most recent call last):

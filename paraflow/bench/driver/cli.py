@@ -45,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="timed steps per window, at least (default: 20)")
     p.add_argument("--min-window", type=float, default=0.3, help="seconds per timed window, at least (default: 0.3)")
     p.add_argument("--repeat", type=int, default=3, help="independent launches of every training cell (default: 3)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per process, the same at every process count (default: cores / largest process count)",
+    )
     p.add_argument("--noisy", type=float, default=0.10, help="noisy mark: 95%% interval wider than this (default: 0.1)")
     p.add_argument("--no-aa-check", dest="aa_check", action="store_false", help="skip the A/A noise-floor launches")
     p.add_argument(
@@ -189,6 +195,7 @@ def config_from_args(args: argparse.Namespace):
         min_window=args.min_window,
         max_warmup=args.max_warmup,
         repeat=args.repeat,
+        threads=args.threads,
         noisy=args.noisy,
         aa_check=args.aa_check,
         pin=args.pin,

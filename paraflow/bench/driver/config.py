@@ -118,6 +118,9 @@ class BenchConfig:
         min_window: seconds the throughput window lasts, at least (more steps when they are
             short); the communication-overhead phase then runs half as many sync/no-sync pairs.
         repeat: independent launches of every training cell (intervals come from their spread).
+        threads: torch threads per process, the same at every process count, so that a rank of N
+            processes computes as the one-process baseline does and weak-scaling efficiency
+            measures parallel cost only (None: the cores divided by the largest process count).
         noisy: relative half-width of a 95% interval above which a figure is marked noisy.
         aa_check: launch the first training cell twice more at the start (A/A): the machine's noise floor.
         pin: bind each rank's threads to cores of its own: "on", "off", or "auto" (on unless the
@@ -162,6 +165,7 @@ class BenchConfig:
     steps: int = 20
     min_window: float = 0.3
     repeat: int = 3
+    threads: Optional[int] = None
     noisy: float = 0.10
     aa_check: bool = True
     pin: str = "auto"
@@ -201,6 +205,7 @@ class BenchConfig:
             ("overhead_steps", self.overhead_steps, 1),
             ("repeat", self.repeat, 1),
             ("sweep_rounds", self.sweep_rounds, 1),
+            ("threads", 1 if self.threads is None else self.threads, 1),
         ):
             if int(value) < low:
                 raise ConfigurationError(f"{name}={value}: must be at least {low}.")

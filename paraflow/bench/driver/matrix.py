@@ -21,7 +21,7 @@ from ...core.registry import spec
 from ...errors import ConfigurationError, UnknownBackendError
 from .config import BenchConfig
 
-__all__ = ["Cell", "Matrix", "build_matrix", "BASELINE"]
+__all__ = ["Cell", "Matrix", "build_matrix", "threads_per_process", "BASELINE"]
 
 #: The backend every other is compared with: one process, no wrapper.
 BASELINE = "single"
@@ -89,8 +89,11 @@ def _backend_class(name: str) -> type:
     return spec(name).load()
 
 
-def _threads(nproc: int, total: int) -> int:
-    return max(1, total // nproc)
+def threads_per_process(config: BenchConfig, total_cores: int) -> int:
+    """Torch threads each process of every cell uses: the same at every process count (a rank of
+    N processes computes as the one-process baseline does), by default the cores shared by the
+    largest process count."""
+    return config.threads or max(1, total_cores // max(config.nprocs))
 
 
 def build_matrix(
@@ -147,7 +150,7 @@ def build_matrix(
         raise ConfigurationError(f"the {BASELINE} baseline cannot run here: {matrix.skipped.get(BASELINE)}")
 
     models = tuple(config.models)
-    multi_nprocs = [n for n in config.nprocs if n >= 2]
+    threads = threads_per_process(config, total_cores)
     train_cells: list[Cell] = []
     sweeps: set = set()
     for name in names:
@@ -167,15 +170,13 @@ def build_matrix(
             counts = [n for n in counts if n <= limit]
         for launcher in launchers:
             for n in counts:
-                threads = _threads(n, total_cores)
                 swept = (cls.collectives_key(**presets), launcher, n)  # fsdp's collectives are ddp's: sweep once
                 sweep = config.allreduce and n >= 2 and swept not in sweeps
                 sweeps.add(swept)
                 train_cells.append(Cell("train", name, launcher, n, threads, models, sweep=sweep))
 
     if config.allreduce and any(c.sweep for c in train_cells):
-        widest = max(multi_nprocs) if multi_nprocs else 1
-        matrix.cells.append(Cell("memcpy", None, "python", 1, _threads(widest, total_cores)))
+        matrix.cells.append(Cell("memcpy", None, "python", 1, threads))
     if config.aa_check and train_cells:
         first = train_cells[0]
         for r in (1, 2):
@@ -193,7 +194,7 @@ def build_matrix(
             for n in sorted({min(config.nprocs), max(config.nprocs)}):
                 if cls.MULTI_PROCESS and (limit is None or n <= limit):
                     matrix.cells.append(
-                        Cell("overhead", name, launcher, n, _threads(n, total_cores), (config.overhead_model,))
+                        Cell("overhead", name, launcher, n, threads, (config.overhead_model,))
                     )
     if config.trace:
         widest = max((c.nproc for c in train_cells if c.nproc >= 2), default=0)
