@@ -128,6 +128,9 @@ def test_every_cell_ran_and_every_column_is_filled(run):
                 ]
                 assert len(losses) == REPEAT and max(losses) - min(losses) <= 1e-5, (cell_id, r, losses)
     assert results["header"]["noise_floor"]["spread"] is not None
+    probe = results["header"]["speed_probe"]  # the machine's own speed after every launch
+    assert probe["count"] == len(results["cells"]) and all(c["probe_ms"] > 0 for c in results["cells"])
+    assert probe["min_ms"] <= probe["median_ms"] <= probe["max_ms"]
     assert "compute pinned to cores of its own" in results["header"]["binding"]
     # pinned after the backend started: gloo's threads, started before, stay free to use any core
     ddp_ranks = [r for c in results["cells"] if c["group"] == "ddp-gloo-torchrun-2" for r in c["ranks"]]
@@ -153,6 +156,7 @@ def test_terminal_shows_progress_header_tables_and_verdict(run):
     for header in ("torch ", "horovod ", "MPI: ", "CPU: ", "cores", "threads per process", "GB = 1e9 bytes"):
         assert header in out
     assert "noise floor (A/A check:" in out and "binding: each rank's compute pinned" in out
+    assert f"after each of {total} launches): median" in out  # the machine speed probe
     for command in results["header"]["commands"]:
         assert f"$ {command}" in out
     for columns in (TRAINING_COLUMNS, sweep_columns(), MEMCPY_COLUMNS, OVERHEAD_COLUMNS):

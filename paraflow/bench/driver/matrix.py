@@ -193,9 +193,7 @@ def build_matrix(
             limit = cls.process_limit(cuda_devices, **presets)
             for n in sorted({min(config.nprocs), max(config.nprocs)}):
                 if cls.MULTI_PROCESS and (limit is None or n <= limit):
-                    matrix.cells.append(
-                        Cell("overhead", name, launcher, n, threads, (config.overhead_model,))
-                    )
+                    matrix.cells.append(Cell("overhead", name, launcher, n, threads, (config.overhead_model,)))
     if config.trace:
         widest = max((c.nproc for c in train_cells if c.nproc >= 2), default=0)
         matrix.cells.extend(replace(c, sweep=False, tag="trace") for c in train_cells if c.nproc == widest)

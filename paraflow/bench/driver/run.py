@@ -18,6 +18,7 @@ from .config import BenchConfig
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header
 from .runner import OMP_WAIT, run_cells, worker_entry
+from .speed_probe import probe_summary
 
 __all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
 
@@ -92,6 +93,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     header["commands"] = [c["command"] for c in cells]
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     header["wall_time_s"] = round(time.monotonic() - start, 1)
+    header["speed_probe"] = probe_summary(cells)
     header["binding"] = f"{binding_summary(cells, pinned)} ({why_pin}); OpenMP threads {wait} at barriers ({why_wait})"
     tables = build_tables(cells, header, config.to_dict())
     header["noise_floor"] = tables["noise_floor"]

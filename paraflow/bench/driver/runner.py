@@ -16,6 +16,7 @@ from ...environment.launchers import launcher_variables
 from ...tools.launch import launch_command, run_launch
 from .config import BenchConfig
 from .matrix import Cell
+from .speed_probe import probe_ms
 from .trace_launch import trace_args, trace_env
 
 __all__ = ["CellResult", "run_cells", "worker_entry", "worker_args", "cell_env", "failure_reason", "command_line"]
@@ -39,6 +40,7 @@ class CellResult:
     stdout_tail: str = ""
     stderr_tail: str = ""
     env: dict = field(default_factory=dict)
+    probe_ms: Optional[float] = None  # the machine's speed right after this launch (speed_probe.py)
 
     @property
     def ok(self) -> bool:
@@ -67,6 +69,7 @@ class CellResult:
             "stdout_tail": self.stdout_tail,
             "stderr_tail": self.stderr_tail,
             "ranks": self.ranks,
+            "probe_ms": self.probe_ms,
         }
 
 
@@ -279,6 +282,7 @@ def run_cells(
                 flush=True,
             )
         result = run_cell(cell, config, raw_dir, timeout, entry, cluster)
+        result.probe_ms = round(probe_ms(), 3)
         results.append(result)
         tuning_s += result.elapsed_s if cell.options else 0.0
         if progress:

@@ -105,7 +105,22 @@ def compare_runs(a: dict, b: dict) -> dict:
     }
     agree = all(e[k]["agree"] for e in rows for k in FIGURES) and not claims["only_a"] and not claims["only_b"]
     differ = sum(bool(e[k].get("differs")) for e in rows for k in FIGURES)
-    return {"rows": rows, "claims": claims, "agree": agree and bool(rows), "consistent": not differ, "differ": differ}
+    return {
+        "rows": rows,
+        "claims": claims,
+        "agree": agree and bool(rows),
+        "consistent": not differ,
+        "differ": differ,
+        "probe": _probes(a, b),
+    }
+
+
+def _probes(a: dict, b: dict) -> Optional[dict]:
+    """Both runs' machine speed probes (driver/speed_probe.py) and B's median over A's, or None."""
+    pa, pb = (run.get("header", {}).get("speed_probe") for run in (a, b))
+    if not pa or not pb:
+        return None
+    return {"a": pa, "b": pb, "ratio": pb["median_ms"] / pa["median_ms"]}
 
 
 def _cell(value, low, high) -> str:
@@ -134,6 +149,17 @@ def report(a_name: str, b_name: str, result: dict) -> str:
     lines += ["", f"Verdicts: {len(claims['same'])} identical in both runs"]
     lines += [f"- only in A: {c}" for c in claims["only_a"]]
     lines += [f"- only in B: {c}" for c in claims["only_b"]]
+    probe = result.get("probe")
+    if probe:
+        (a, b), ratio = (probe["a"], probe["b"]), probe["ratio"]
+        pace = f"{abs(ratio - 1):.1%} {'slower' if ratio > 1 else 'faster'} than"
+        pace = "as fast as" if abs(ratio - 1) < 0.0005 else pace
+        lines += [
+            "",
+            f"Machine speed probe (the same fixed kernel after every launch): A median {a['median_ms']:g} ms "
+            f"({a['min_ms']:g}–{a['max_ms']:g}), B median {b['median_ms']:g} ms ({b['min_ms']:g}–{b['max_ms']:g}): "
+            f"during B the machine itself was {pace} during A.",
+        ]
     disagree = sum(not e[k]["agree"] for e in result["rows"] for k in FIGURES)
     lines += [
         "",

@@ -13,7 +13,7 @@ from typing import Optional
 from ...backends.horovod.info import summary as horovod_summary
 from ...tools.launch import find_tool
 
-__all__ = ["collect_header", "header_lines", "busy_warning", "binding_summary", "cluster_line", "UNITS"]
+__all__ = ["collect_header", "header_lines", "busy_warning", "binding_summary", "cluster_line", "probe_line", "UNITS"]
 
 UNITS = "GB = 1e9 bytes, MB = 1e6 bytes; GB/s = 1e9 bytes per second; times are wall-clock"
 
@@ -124,6 +124,14 @@ def binding_summary(cells: list, pin: bool) -> str:
     )
 
 
+def probe_line(probe: dict) -> str:
+    """The machine's own speed along the run (driver/speed_probe.py), in one line."""
+    return (
+        f"machine speed probe ({probe['kernel']}, after each of {probe['count']} launches): median "
+        f"{probe['median_ms']:g} ms, {probe['min_ms']:g}–{probe['max_ms']:g} ms ({probe['spread']:.0%} spread)"
+    )
+
+
 def busy_warning(header: dict) -> Optional[str]:
     """A warning when other work competed for the CPU: a 1-min load average above the core count."""
     load = header["load_average_1min"]
@@ -161,6 +169,9 @@ def header_lines(header: dict, with_commands: bool = True) -> list[str]:
             f"noise floor (A/A check: {floor['cell']} launched twice on {floor['model']}, median step "
             f"{medians} ms): {spread}"
         )
+    probe = header.get("speed_probe")
+    if probe:
+        lines.append(probe_line(probe))
     warning = busy_warning(header)
     if warning:
         lines.append(warning)
