@@ -21,7 +21,7 @@ from ...core.registry import spec
 from ...errors import ConfigurationError, UnknownBackendError
 from .config import BenchConfig
 
-__all__ = ["Cell", "Matrix", "build_matrix", "threads_per_process", "BASELINE"]
+__all__ = ["Cell", "Matrix", "build_matrix", "BASELINE"]
 
 #: The backend every other is compared with: one process, no wrapper.
 BASELINE = "single"
@@ -89,7 +89,7 @@ def _backend_class(name: str) -> type:
     return spec(name).load()
 
 
-def threads_per_process(config: BenchConfig, total_cores: int) -> int:
+def _cell_threads(config: BenchConfig, total_cores: int) -> int:
     """Torch threads each process of every cell uses: the same at every process count (a rank of
     N processes computes as the one-process baseline does), by default the cores shared by the
     largest process count."""
@@ -150,7 +150,7 @@ def build_matrix(
         raise ConfigurationError(f"the {BASELINE} baseline cannot run here: {matrix.skipped.get(BASELINE)}")
 
     models = tuple(config.models)
-    threads = threads_per_process(config, total_cores)
+    threads = _cell_threads(config, total_cores)
     train_cells: list[Cell] = []
     sweeps: set = set()
     for name in names:
