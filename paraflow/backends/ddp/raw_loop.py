@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["RawDDP"]
 
@@ -20,8 +21,6 @@ class RawDDP:
 
     def init(self) -> None:
         """init_process_group from torchrun's variables; NCCL pins cuda:LOCAL_RANK first."""
-        import torch.distributed as dist
-
         if self.transport == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group(self.transport, init_method="env://")
@@ -36,36 +35,27 @@ class RawDDP:
 
     def shutdown(self) -> None:
         """Destroy the process group."""
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    # nccl-tests' collectives straight on torch.distributed, for the benchmark's sweep
+    # nccl-tests' collectives straight on torch.distributed, for the benchmark's sweep (nothing
+    # else in the call: it is the reference paraflow's public calls are timed against)
     def allreduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum in place."""
-        import torch.distributed as dist
-
         dist.all_reduce(tensor)
         return tensor
 
     def allgather(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Every rank's `tensor`, concatenated into the preallocated `out`."""
-        import torch.distributed as dist
-
         dist.all_gather_into_tensor(out, tensor)
         return out
 
     def reduce_scatter(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """This rank's chunk of the sum of every rank's `tensor`, into the preallocated `out`."""
-        import torch.distributed as dist
-
         dist.reduce_scatter_tensor(out, tensor)
         return out
 
     def broadcast_(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """Rank `src`'s tensor, in place."""
-        import torch.distributed as dist
-
         dist.broadcast(tensor, src)
         return tensor
