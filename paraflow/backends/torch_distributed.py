@@ -8,6 +8,7 @@ and the collectives behind paraflow's public calls live here once.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 from typing import Any, Callable, Optional
 
@@ -164,24 +165,38 @@ class TorchDistributedBackend(Backend):
 
     def _on_comm_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """NCCL reduces CUDA tensors only: move a CPU tensor to this rank's GPU."""
-        if self.transport == "nccl" and tensor.device.type != "cuda":
+        if self._nccl and tensor.device.type != "cuda":
             return tensor.to(self.device)
         return tensor
+
+    @functools.cached_property
+    def _nccl(self) -> bool:
+        return self.transport == "nccl"
 
     # Asynchronous forms: each starts the operation and returns the function that waits for its result.
     def _start_allreduce(self, tensor: torch.Tensor, op: str) -> Callable[[], torch.Tensor]:
         work = self._on_comm_device(tensor)
-        use_avg = op == "mean" and self.transport == "nccl"
-        reduce_op = dist.ReduceOp.AVG if use_avg else getattr(dist.ReduceOp, _TORCH_OPS[op])
+        reduce_op, divide = self._reduce_ops[op]
         handle = dist.all_reduce(work, op=reduce_op, async_op=True)
 
         def finish() -> torch.Tensor:
             handle.wait()
-            if op == "mean" and not use_avg:
+            if divide:
                 work.div_(self.world_size)
-            return work.to(tensor.device)
+            return work if work is tensor else work.to(tensor.device)
 
         return finish
+
+    @functools.cached_property
+    def _reduce_ops(self) -> dict:
+        """op -> (torch's ReduceOp, whether the sum is divided afterwards): NCCL averages itself."""
+        nccl = self.transport == "nccl"
+        return {
+            op: (dist.ReduceOp.AVG, False)
+            if op == "mean" and nccl
+            else (getattr(dist.ReduceOp, _TORCH_OPS[op]), op == "mean")
+            for op in _TORCH_OPS
+        }
 
     def _start_broadcast(self, tensor: torch.Tensor, src: int) -> Callable[[], torch.Tensor]:
         work = self._on_comm_device(tensor)
@@ -189,7 +204,7 @@ class TorchDistributedBackend(Backend):
 
         def finish() -> torch.Tensor:
             handle.wait()
-            return work.to(tensor.device)
+            return work if work is tensor else work.to(tensor.device)
 
         return finish
 

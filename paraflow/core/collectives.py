@@ -11,6 +11,7 @@ collective) and optionally ``_barrier``.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
@@ -18,7 +19,7 @@ import torch
 from ..errors import ConfigurationError
 from ..reliability.check_exchange import exchange
 from ..reliability.collective_check import call_site
-from ..reliability.translation import collective_errors
+from ..reliability.translation import collective_errors, raise_translated
 from .options import REDUCE_OPS
 
 __all__ = ["Collectives", "LocalCollectives"]
@@ -41,7 +42,7 @@ class Collectives:
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce `tensor` over all ranks with `op`, in place (no copy); returns `tensor`."""
         result = self._allreduce_checked(tensor, op, copy=False)
-        if result.data_ptr() != tensor.data_ptr():
+        if result is not tensor and result.data_ptr() != tensor.data_ptr():
             tensor.detach().copy_(result)
         return tensor
 
@@ -52,7 +53,7 @@ class Collectives:
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite `tensor` with rank `src`'s, in place (no copy); returns `tensor`."""
         result = self._broadcast_checked(tensor, src, copy=False)
-        if result.data_ptr() != tensor.data_ptr():
+        if result is not tensor and result.data_ptr() != tensor.data_ptr():
             tensor.detach().copy_(result)
         return tensor
 
@@ -124,11 +125,17 @@ class Collectives:
         """
 
         def work() -> torch.Tensor:
-            return tensor.detach().clone() if copy else tensor.detach()
+            if copy:
+                return tensor.detach().clone()
+            return tensor.detach() if tensor.requires_grad else tensor
 
         site = call_site()  # once, for the stall report and the check
-        with collective_errors(self, collective), self._marked(collective, site):
-            if self.world_size == 1:
+        # What `with collective_errors(...), self._marked(...)` does, inline: it wraps every call.
+        started, activity = time.monotonic(), self._activity
+        if activity is not None:
+            activity.enter(collective, site)
+        try:
+            if self.env.world_size == 1:
                 return run(work())
             self.collective_count += 1
             outcome = exchange(
@@ -145,6 +152,12 @@ class Collectives:
             if outcome.carried is not None:
                 return combine(outcome.carried)
             return outcome.finish() if outcome.finish is not None else run(work())
+        except RuntimeError as exc:
+            raise_translated(self, collective, exc, started)
+            raise
+        finally:
+            if activity is not None:
+                activity.leave(collective)
 
     def _release_check(self) -> None:
         """Forget what the ranks agreed on and release the check's shared memory (at shutdown)."""

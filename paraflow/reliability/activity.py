@@ -87,6 +87,18 @@ class Activity:
         it (save's allgathers) keep the outer name."""
         return _Call(self, name, site)
 
+    def enter(self, name: str, site: Optional[str] = None) -> None:
+        """A paraflow call made at `site` (found here if None) begins: what :meth:`call` does on entry."""
+        self._depth += 1
+        if self._depth == 1:
+            self.state = State(name, site or call_site(), self.step, time.monotonic(), True)
+
+    def leave(self, name: str) -> None:
+        """The paraflow call `name` returned or failed: the script's own code runs."""
+        self._depth -= 1
+        if self._depth == 0:
+            self.state = State("idle", self.state.site, self.step, time.monotonic(), False, name)
+
     def forward_started(self, training: bool, site: Any) -> None:
         """A forward pass of the wrapped model begins at `site`; with gradients, it starts a new step."""
         if self._depth:
@@ -176,7 +188,7 @@ class _ForwardMarker(_Marker):
 
 
 class _Call:
-    """What :meth:`Activity.call` returns (a class, not a generator: it wraps every public collective)."""
+    """What :meth:`Activity.call` returns: :meth:`Activity.enter` and :meth:`Activity.leave` around a block."""
 
     __slots__ = ("activity", "name", "site")
 
@@ -184,15 +196,7 @@ class _Call:
         self.activity, self.name, self.site = activity, name, site
 
     def __enter__(self) -> None:
-        activity = self.activity
-        activity._depth += 1
-        if activity._depth == 1:
-            if self.site is None:
-                self.site = call_site()
-            activity.state = State(self.name, self.site, activity.step, time.monotonic(), True)
+        self.activity.enter(self.name, self.site)
 
     def __exit__(self, *_: Any) -> None:
-        activity = self.activity
-        activity._depth -= 1
-        if activity._depth == 0:
-            activity.state = State("idle", self.site, activity.step, time.monotonic(), False, self.name)
+        self.activity.leave(self.name)

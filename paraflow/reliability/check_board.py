@@ -29,6 +29,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import struct
 import tempfile
 import time
 from typing import Callable, Optional
@@ -45,6 +46,8 @@ ENVIRONMENT_SWITCH = "PARAFLOW_SHARED_CHECK"
 SLOTS = 4
 _STAMP = 8  # the call's sequence number, written after the descriptor
 _SLOT_BYTES = _STAMP + _DESCRIPTOR_BYTES
+_COMPARED_SLOT = _STAMP + _COMPARED_BYTES  # a slot's stamp and the compared part of its descriptor
+_STAMP_WORD = struct.Struct("<q")
 _NONCE = 8  # the file starts with rank 0's random number: the right file, not a namesake
 _NOTE_BYTES = 256  # rank 0's broadcast: nonce, namespace, file name
 _STAMP_WAIT_S = 5.0
@@ -57,15 +60,17 @@ class CheckBoard:
     def __init__(self, memory: mmap.mmap, world_size: int, rank: int) -> None:
         self._memory, self._view = memory, memoryview(memory)
         self.world_size, self.rank = world_size, rank
+        # Where each rank's slot starts, per slot index (sequence % SLOTS): computed once, read every call.
+        self._slots = [[self._offset(index, r) for r in range(world_size)] for index in range(SLOTS)]
 
     def _offset(self, sequence: int, rank: int) -> int:
         return _NONCE + ((sequence % SLOTS) * self.world_size + rank) * _SLOT_BYTES
 
     def post(self, sequence: int, words: list) -> None:
         """Put this rank's descriptor of call `sequence` on the board (the stamp last)."""
-        at = self._offset(sequence, self.rank)
+        at = self._slots[sequence % SLOTS][self.rank]
         _PACK.pack_into(self._memory, at + _STAMP, *words)
-        self._view[at : at + _STAMP] = sequence.to_bytes(_STAMP, "little", signed=True)
+        _STAMP_WORD.pack_into(self._memory, at, sequence)
 
     def _block(self, sequence: int) -> bytes:
         """Every rank's slot of call `sequence`, in rank order, in one read."""
@@ -74,13 +79,15 @@ class CheckBoard:
 
     def agree(self, sequence: int) -> bool:
         """True when every rank posted call `sequence` and every compared part equals rank 0's
-        (one read of the call's slots: the common case, checked first)."""
-        compared = _STAMP + _COMPARED_BYTES
-        block = self._block(sequence)
-        first = block[:compared]
-        if first[:_STAMP] != sequence.to_bytes(_STAMP, "little", signed=True):
+        (the common case, checked first)."""
+        memory, starts = self._memory, self._slots[sequence % SLOTS]
+        first = memory[starts[0] : starts[0] + _COMPARED_SLOT]
+        if _STAMP_WORD.unpack_from(first)[0] != sequence:
             return False
-        return all(block[i : i + compared] == first for i in range(_SLOT_BYTES, len(block), _SLOT_BYTES))
+        for at in starts[1:]:
+            if memory[at : at + _COMPARED_SLOT] != first:
+                return False
+        return True
 
     def rows(self, sequence: int) -> list:
         """Every rank's descriptor of call `sequence`, as bytes (waits briefly for a late stamp,

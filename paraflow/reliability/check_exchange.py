@@ -28,6 +28,8 @@ the check runs first.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -42,8 +44,8 @@ from .collective_check import (
     _PACK,
     CARRY_BYTES,
     FRAME_BYTES,
+    _call_words,
     _Descriptor,
-    _words,
     call_site,
     mismatch_error,
 )
@@ -53,6 +55,8 @@ __all__ = ["exchange", "Outcome", "FRAME_NAME"]
 
 #: The frame's collective name where the library matches collectives by name (horovod).
 FRAME_NAME = "paraflow.check"
+#: The backend's asynchronous hook for each collective.
+_STARTERS = {name: f"_start_{name}" for name in ("allreduce", "broadcast", "allgather")}
 _STARTED = _DESCRIPTOR_BYTES  # first byte after the descriptor: 1 when this rank started its collective
 
 
@@ -63,6 +67,20 @@ class Outcome:
 
     carried: Optional[list] = None
     finish: Optional[Callable] = None
+
+
+@functools.lru_cache(maxsize=1024)
+def _call_facts(collective: str, dtype, shape, op, src, site: str, carry: bool) -> tuple:
+    """What a call's check needs, computed once per kind of call (a loop repeats its calls):
+    its descriptor with sequence number 0, what is compared (all but the sequence number and the
+    call site), its size in bytes, whether it rides in the frame, and its spec when it does not."""
+    argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
+    static = _call_words(collective, dtype, shape, argument, site)
+    key = (static[1], *static[3:14])
+    nbytes = math.prod(shape) * dtype.itemsize if dtype is not None else 0
+    fits = carry and dtype is not None and nbytes <= CARRY_BYTES
+    spec = (collective, dtype, tuple(shape), op, src) if dtype is not None and not fits else None
+    return static, key, nbytes, fits, spec
 
 
 def _gather(backend, frame: torch.Tensor) -> list:
@@ -112,19 +130,24 @@ def exchange(
         in_place: the caller copies the result into its own tensor at once (a bundle may reuse its buffer).
         site: the user's call site (found here if None).
     """
-    argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
-    words = _words(collective, sequence, tensor, argument, site or call_site())
+    static, key, nbytes, fits, spec = _call_facts(
+        collective,
+        None if tensor is None else tensor.dtype,
+        None if tensor is None else tensor.shape,
+        op,
+        src,
+        site or call_site(),
+        carry,
+    )
+    words = list(static)
+    words[2] = sequence
     traced = getattr(backend, "_traced", None)
     if traced is None:  # read once per backend: not on every call
         traced = backend._traced = debug_enabled()
     if traced:
         trace(backend.rank, str(_Descriptor(words)))
-    nbytes = tensor.numel() * tensor.element_size() if tensor is not None else 0
-    fits = carry and tensor is not None and nbytes <= CARRY_BYTES
-    key = (words[1], *words[3:14])  # what is compared, but the sequence number
-    spec = (collective, tensor.dtype, tuple(tensor.shape), op, src) if tensor is not None and not fits else None
     repeated = repeated_call(backend)
-    board = repeated and getattr(backend, f"_start_{repeated[1][0]}", None) and board_for(backend)
+    board = repeated and getattr(backend, _STARTERS[repeated[1][0]], None) and board_for(backend)
     bundle = None if board else bundle_spec(backend, CARRY_BYTES)
     if board or bundle is not None:  # the repeated call carries the check: every rank runs it
         mine = key == repeated[0]

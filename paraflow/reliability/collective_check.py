@@ -14,6 +14,7 @@ compares descriptors; :mod:`paraflow.reliability.check_exchange` runs the exchan
 from __future__ import annotations
 
 import functools
+import math
 import os
 import struct
 import sys
@@ -68,45 +69,64 @@ FRAME_BYTES = _DESCRIPTOR_BYTES + CARRY_BYTES
 LIBRARIES = frozenset({"paraflow", "torch", "horovod", "contextlib"})
 
 
+_LIBRARY_CODE: dict = {}  # code object -> is it library code (a module's code keeps its module)
+_SITES: dict = {}  # (code object, bytecode offset) -> "file:line"
+_CACHE_LIMIT = 4096  # entries per cache; cleared when full (code made on the fly, in a notebook)
+
+
 def is_library(frame) -> bool:
     """True for a frame of paraflow, torch, horovod or contextlib: not the user's call site."""
-    return frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARIES
+    code = frame.f_code
+    known = _LIBRARY_CODE.get(code)
+    if known is None:
+        if len(_LIBRARY_CODE) >= _CACHE_LIMIT:
+            _LIBRARY_CODE.clear()
+        known = _LIBRARY_CODE[code] = frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARIES
+    return known
 
 
 def call_site() -> str:
-    """file:line of the script's line that led here: the first caller outside paraflow, torch and horovod (~1 µs)."""
+    """file:line of the script's line that led here: the first caller outside paraflow, torch and
+    horovod (both looked up per code object and instruction, computed once: every collective asks)."""
     frame = sys._getframe(2)
     while frame is not None and is_library(frame):
         frame = frame.f_back
     if frame is None:
         return "?"
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    where = (frame.f_code, frame.f_lasti)
+    site = _SITES.get(where)
+    if site is None:
+        if len(_SITES) >= _CACHE_LIMIT:
+            _SITES.clear()
+        site = _SITES[where] = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return site
 
 
-@functools.lru_cache(maxsize=256)
 def _site_words(site: str) -> tuple:
     raw = site.encode()[:_SITE_BYTES].ljust(_SITE_BYTES, b"\0")
     return tuple(int.from_bytes(raw[i : i + 8], "little", signed=True) for i in range(0, _SITE_BYTES, 8))
 
 
-@functools.lru_cache(maxsize=256)
-def _tensor_words(dtype: torch.dtype, shape: tuple, numel: int) -> tuple:
-    """dtype, ndim, numel, shape hash and the first dimensions (cached: a loop repeats its shapes)."""
+def _tensor_words(dtype: Optional[torch.dtype], shape: Optional[tuple]) -> tuple:
+    """dtype, ndim, numel, shape hash and the first dimensions (all -1 without a tensor)."""
+    if dtype is None or shape is None:
+        return (-1, -1, -1, -1, *([-1] * _MAX_DIMS))
     code = _DTYPES.index(dtype) if dtype in _DTYPES else 100 + zlib.crc32(str(dtype).encode())
     dims = (list(shape[:_MAX_DIMS]) + [-1] * _MAX_DIMS)[:_MAX_DIMS]
+    numel = math.prod(shape)
     return (code, len(shape), numel, hash(shape) & ((1 << 62) - 1), *dims)  # ints hash alike in every process
 
 
-def _words(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int, site: str) -> list:
-    if tensor is None:
-        shape_words = (-1, -1, -1, -1, *([-1] * _MAX_DIMS))
-    else:
-        shape_words = _tensor_words(tensor.dtype, tuple(tensor.shape), tensor.numel())
-    code, ndim, numel, shape_hash, *dims = shape_words
-    return [
+@functools.lru_cache(maxsize=1024)
+def _call_words(
+    collective: str, dtype: Optional[torch.dtype], shape: Optional[tuple], argument: int, site: str
+) -> tuple:
+    """A call's descriptor with sequence number 0 (cached: a loop repeats its calls)."""
+    code, ndim, numel, shape_hash, *dims = _tensor_words(dtype, None if shape is None else tuple(shape))
+    return (
         _MAGIC,
         COLLECTIVES.index(collective),
-        sequence,
+        0,
         code,
         ndim,
         numel,
@@ -114,7 +134,22 @@ def _words(collective: str, sequence: int, tensor: Optional[torch.Tensor], argum
         shape_hash,
         *dims,
         *_site_words(site),
-    ]
+    )
+
+
+def _words(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int, site: str) -> list:
+    """The descriptor of call number `sequence`, as int64 words."""
+    words = list(
+        _call_words(
+            collective,
+            None if tensor is None else tensor.dtype,
+            None if tensor is None else tensor.shape,
+            argument,
+            site,
+        )
+    )
+    words[2] = sequence
+    return words
 
 
 def _encode(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int, site: str) -> torch.Tensor:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "collective_errors",
+    "raise_translated",
     "translate_collective_error",
     "startup_errors",
     "is_timeout",
@@ -160,22 +161,26 @@ class collective_errors:  # noqa: N801 - used like the function it is: ``with co
         self.start = time.monotonic()
 
     def __exit__(self, kind: Any, exc: Any, traceback: Any) -> bool:
-        if not isinstance(exc, RuntimeError):
-            return False
-        backend = self.backend
-        original = getattr(exc, "original", None) if isinstance(exc, CollectiveError) else exc
-        translated = original is not None and translate_collective_error(
-            original,
-            collective=self.collective,
-            rank=backend.rank,
-            world_size=backend.world_size,
-            backend=backend.name,
-            timeout=backend.timeout,
-            waited=time.monotonic() - self.start,
-            facts=stall_facts(backend),
-        )
-        if not translated:
-            return False
+        if isinstance(exc, RuntimeError):
+            raise_translated(self.backend, self.collective, exc, self.start)
+        return False
+
+
+def raise_translated(backend: Backend, collective: str, exc: RuntimeError, started: float) -> None:
+    """Raise `exc` (a failure in `collective`, begun at time.monotonic() `started`) as the paraflow
+    error it stands for; return when it is not a communication failure."""
+    original = getattr(exc, "original", None) if isinstance(exc, CollectiveError) else exc
+    translated = original is not None and translate_collective_error(
+        original,
+        collective=collective,
+        rank=backend.rank,
+        world_size=backend.world_size,
+        backend=backend.name,
+        timeout=backend.timeout,
+        waited=time.monotonic() - started,
+        facts=stall_facts(backend),
+    )
+    if translated:
         raise translated from original
 
 
