@@ -115,6 +115,23 @@ def test_the_forward_site_is_the_callers_line_at_every_depth():
     assert all(found == expected for found, expected in sites), sites
 
 
+def test_call_site_keeps_each_lines_own_site_and_skips_library_frames():
+    """Sites are remembered per code object and instruction: two lines of one loop keep their
+    own, on every pass, and a paraflow frame between the script and the check is skipped."""
+    from paraflow.reliability.collective_check import call_site
+
+    library = {"__name__": "paraflow.stand_in", "call_site": call_site}
+    exec("def checked():\n    return call_site()\ndef public():\n    return checked()\n", library)
+    sites = []
+    for _ in range(3):
+        first = sys._getframe().f_lineno + 1
+        at_first = library["public"]()
+        second = sys._getframe().f_lineno + 1
+        at_second = library["public"]()
+        sites += [(at_first, f"test_stall_report.py:{first}"), (at_second, f"test_stall_report.py:{second}")]
+    assert all(found == expected for found, expected in sites), sites
+
+
 def test_marked_models_still_copy_and_pickle():
     activity = Activity()
     model = torch.nn.Linear(2, 2)
