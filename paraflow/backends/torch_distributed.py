@@ -190,10 +190,9 @@ class TorchDistributedBackend(Backend):
     @functools.cached_property
     def _reduce_ops(self) -> dict:
         """op -> (torch's ReduceOp, whether the sum is divided afterwards): NCCL averages itself."""
-        nccl = self.transport == "nccl"
         return {
             op: (dist.ReduceOp.AVG, False)
-            if op == "mean" and nccl
+            if op == "mean" and self._nccl
             else (getattr(dist.ReduceOp, _TORCH_OPS[op]), op == "mean")
             for op in _TORCH_OPS
         }

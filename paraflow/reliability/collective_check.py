@@ -87,7 +87,8 @@ def is_library(frame) -> bool:
 
 def call_site() -> str:
     """file:line of the script's line that led here: the first caller outside paraflow, torch and
-    horovod (both looked up per code object and instruction, computed once: every collective asks)."""
+    horovod (every collective asks, so the library test is remembered per code object and the
+    site per code object and instruction)."""
     frame = sys._getframe(2)
     while frame is not None and is_library(frame):
         frame = frame.f_back

@@ -148,8 +148,8 @@ class collective_errors:  # noqa: N801 - used like the function it is: ``with co
     """Context around one collective: communication failures leave it as paraflow errors.
 
     A failure a backend already translated for one of its own steps is translated again under
-    the name of the collective the user called. (A class, not a generator: it wraps every
-    public collective, and costs two method calls.)
+    the name of the collective the user called. (The public collectives, the hot path, do the
+    same inline with :func:`raise_translated`.)
     """
 
     __slots__ = ("backend", "collective", "start")
