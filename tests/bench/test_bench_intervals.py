@@ -199,6 +199,18 @@ def test_the_interval_across_launches_is_students_t_on_the_log_scale():
     assert signed.low == pytest.approx(-4.303 * 0.1 / math.sqrt(3))
 
 
+def test_the_results_definitions_name_the_interval_the_tables_use():
+    """results.md's definitions say how every interval was made: the t interval across launches
+    and its draws, not a method the code no longer uses."""
+    from paraflow.bench.report.outputs import DEFINITIONS
+
+    intervals_line = DEFINITIONS[0]
+    assert "Student's t" in intervals_line and "log scale" in intervals_line
+    assert f"{intervals.T_DRAWS} draws" in intervals_line
+    assert "bootstrap interval of its steps" in intervals_line  # one launch: within-launch only
+    assert "two-level" not in " ".join(DEFINITIONS)
+
+
 def test_students_tail_and_holm_against_tabled_values():
     from paraflow.bench.report.student import holm, two_sided_p
 

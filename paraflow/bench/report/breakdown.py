@@ -5,7 +5,7 @@ synced step (rank/breakdown.py); one process records them for every timed step a
 nothing. Per pair the slowest rank's synced step is the step (a step takes as long as its slowest
 rank) and its parts are that rank's; other = step - compute - exposed - optimizer, so the parts
 add up to that step pair by pair. Per launch each part is the median over pairs; the row shows the
-median over launches with the two-level bootstrap interval, as every other figure. Overlapped
+median over launches with its interval across launches, as every other figure. Overlapped
 communication lies inside compute's time and is not one of the summed parts.
 """
 

@@ -55,9 +55,12 @@ CSV_TABLES = csv_tables()
 
 DEFINITIONS = [
     "every figure with ± or [low–high] is the median over independent launches of the same cell with a 95% "
-    "confidence interval from a two-level bootstrap (launches resampled, then steps within each launch; "
-    "percentile interval, 2000 replicates); ±x% is the farther end's distance from the value. A figure whose "
-    "interval reaches further than the noisy bound (relative; in points for comm overhead) is marked noisy.",
+    "confidence interval across launches: Student's t interval of the launches' own figures (mean ± "
+    "t(n-1)·s/√n, on the log scale for positive figures); derived figures (efficiency, speedup, ratios) are "
+    "computed draw by draw from 8000 draws of each estimate's t distribution; a figure from one launch only gets "
+    "the bootstrap interval of its steps, which says nothing of a rerun. ±x% is the farther end's distance from "
+    "the value. A figure whose interval reaches further than the noisy bound (relative; in points for comm "
+    "overhead) is marked noisy.",
     "step time: per rank, after a device sync; a step takes as long as its slowest rank; a launch's step time "
     "is the median of its timed steps; p10/p90 pool every launch's steps.",
     "warm-up: untimed steps until the median of the last 5 is within 10% of the 5 before (at least --warmup, "

@@ -1,7 +1,7 @@
 """The collective sweep table (nccl-tests style, paraflow's call beside the raw library's) and memcpy.
 
 Per launch, a size's time is the median over rounds of the slowest rank's block mean; across launches the row
-shows the median with a 95% bootstrap interval (intervals.py), bandwidths follow from the time
+shows the median with a 95% interval across launches (intervals.py), bandwidths follow from the time
 (algbw = size / time, busbw = algbw x nccl-tests' factor for the collective), and paraflow / raw
 pairs each round's paraflow block with the raw block beside it (median over rounds, then over
 launches), so both sides of a ratio come from the same moments of the same processes.

@@ -4,7 +4,7 @@ Each row pools the launches of one cell. Per launch: a step takes as long as its
 the launch's step time is the median of its steps, its throughput the global samples of its
 window over the window's wall time, its communication overhead 1 - median(no-sync steps) /
 median(sync steps) over interleaved pairs. The row shows the median over launches with a 95%
-interval from the two-level bootstrap (intervals.py); p10/p90 pool every launch's steps.
+interval across launches (Student's t, intervals.py); p10/p90 pool every launch's steps.
 """
 
 from __future__ import annotations
