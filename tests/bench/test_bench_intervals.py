@@ -93,7 +93,7 @@ def test_overlapping_samples_give_no_significant_difference():
     # a real but small difference inside the machine's noise floor is not called either
     c = intervals.estimate([[1000.0] * 5] * 3, "median", "c")
     d = intervals.estimate([[980.0] * 5] * 3, "median", "d")
-    assert compare_pair(c, d)[1] and not compare_pair(c, d, noise_floor=0.05)[1]
+    assert compare_pair(c, d)[1] and not compare_pair(c, d, threshold=0.05)[1]
 
 
 def _row(backend, launcher, n=2, model="mlp", scaling="weak"):
@@ -117,6 +117,28 @@ def test_training_verdict_names_the_fastest_and_the_ties():
     )
     assert "no significant difference from" in entry["text"] and "faster than horovod · horovodrun" in entry["text"]
     assert "communication 40% [35%–45%] of its step" in entry["text"]
+
+
+def test_a_significant_difference_below_the_margin_is_not_called():
+    """2% apart, significantly: slower without a margin, tied with a 5% one (the larger of margin
+    and noise floor decides); 25% apart stays slower either way."""
+    x = {
+        "a": intervals.estimate([[1000.0] * 5] * 3, "median", "ma"),
+        "b": intervals.estimate([[980.0] * 5] * 3, "median", "mb"),
+        "c": intervals.estimate([[800.0] * 5] * 3, "median", "mc"),
+    }
+    rows = [_row("ddp-gloo", "torchrun"), _row("horovod", "mpirun"), _row("fsdp", "torchrun")]
+    ests = [{"x": x["a"]}, {"x": x["b"]}, {"x": x["c"]}]
+    (strict,) = training_verdict(rows, ests)
+    assert strict["fastest"] == ["ddp-gloo · torchrun"] and strict["threshold"] == 0.0
+    assert [s["name"] for s in strict["slower"]] == ["horovod · mpirun", "fsdp · torchrun"]
+    for floor, margin in ((0.0, 0.05), (0.05, 0.01)):
+        (entry,) = training_verdict(rows, ests, noise_floor=floor, margin=margin)
+        assert entry["threshold"] == 0.05
+        tie = "fastest ddp-gloo · torchrun = horovod · mpirun; slower: fsdp · torchrun"
+        assert entry["claim"] == f"mlp, 2 processes: {tie}"
+        assert "a difference below 5% from horovod · mpirun (1.02×" in entry["text"]
+        assert "1.25× [" in entry["text"] and "faster than fsdp · torchrun" in entry["text"]
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,13 @@ def test_openmp_wait_policy_is_passive_unless_asked():
         BenchConfig(omp_wait="sometimes")
 
 
+def test_the_verdict_margin_is_a_fraction():
+    assert BenchConfig().margin == 0.05 and BenchConfig(margin=0.0).margin == 0.0
+    for wrong in (-0.01, 1.0, 5):
+        with pytest.raises(ConfigurationError, match="--margin 0.05"):
+            BenchConfig(margin=wrong)
+
+
 def test_pinning_is_on_unless_the_machine_is_busy_at_the_start():
     assert BenchConfig().resolve_pin(load=1.2, cores=2)[0] is True
     pinned, why = BenchConfig().resolve_pin(load=7.5, cores=2)

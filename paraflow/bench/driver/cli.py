@@ -13,7 +13,7 @@ def _list(text: str) -> list:
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the benchmark's options to `p`."""
-    from .config import DEFAULT_MODELS
+    from .config import DEFAULT_MARGIN, DEFAULT_MODELS
 
     p.add_argument(
         "--backends",
@@ -52,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="torch threads per process, the same at every process count (default: cores / largest process count)",
     )
     p.add_argument("--noisy", type=float, default=0.10, help="noisy mark: 95%% interval wider than this (default: 0.1)")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help="the smallest throughput difference the verdict calls, as a fraction (the A/A noise floor when "
+        "larger; default: %(default)s)",
+    )
     p.add_argument("--no-aa-check", dest="aa_check", action="store_false", help="skip the A/A noise-floor launches")
     p.add_argument(
         "--pin",
@@ -197,6 +204,7 @@ def config_from_args(args: argparse.Namespace):
         repeat=args.repeat,
         threads=args.threads,
         noisy=args.noisy,
+        margin=args.margin,
         aa_check=args.aa_check,
         pin=args.pin,
         omp_wait=args.omp_wait,

@@ -9,11 +9,14 @@ from typing import Optional
 from ...errors import ConfigurationError
 
 __all__ = ["ModelSpec", "BenchConfig", "parse_size", "message_sizes"]
-__all__ += ["DEFAULT_MODELS", "COLLECTIVES", "DTYPES", "UNITS"]
+__all__ += ["DEFAULT_MODELS", "DEFAULT_MARGIN", "COLLECTIVES", "DTYPES", "UNITS"]
 
 #: Defaults that cover both regimes: a wide MLP sends one large gradient message (4.5 MB) per
 #: step; the CNN (0.08 MB) and the transformer (0.4 MB over ~30 tensors) send small ones.
 DEFAULT_MODELS = ("mlp:width=1024", "cnn", "transformer")
+#: The verdict calls a throughput difference only from this size up: two runs of one commit here
+#: put the machine itself 0.3-3.7% apart (the speed probe), so a smaller one is not what a rerun repeats.
+DEFAULT_MARGIN = 0.05
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 DTYPES = ("float32", "float16", "bfloat16")
 UNITS = ("GB/s", "Gbit/s")
@@ -122,6 +125,8 @@ class BenchConfig:
             processes computes as the one-process baseline does and weak-scaling efficiency
             measures parallel cost only (None: the cores divided by the largest process count).
         noisy: relative half-width of a 95% interval above which a figure is marked noisy.
+        margin: the smallest throughput difference the verdict calls (a fraction; the A/A noise
+            floor when that is larger): a smaller one is within what the machine drifts between runs.
         aa_check: launch the first training cell twice more at the start (A/A): the machine's noise floor.
         pin: bind each rank's threads to cores of its own: "on", "off", or "auto" (on unless the
             1-min load average at the start exceeds the core count; :meth:`resolve_pin`).
@@ -167,6 +172,7 @@ class BenchConfig:
     repeat: int = 3
     threads: Optional[int] = None
     noisy: float = 0.10
+    margin: float = DEFAULT_MARGIN
     aa_check: bool = True
     pin: str = "auto"
     omp_wait: str = "passive"
@@ -235,6 +241,8 @@ class BenchConfig:
             raise ConfigurationError(f"units {self.units!r}: choose GB/s or Gbit/s (--units Gbit/s).")
         if not 0 < self.noisy < 1:
             raise ConfigurationError(f"noisy={self.noisy}: give a fraction between 0 and 1, e.g. --noisy 0.1.")
+        if not 0 <= self.margin < 1:
+            raise ConfigurationError(f"margin={self.margin}: give a fraction from 0 up to 1, e.g. --margin 0.05.")
         if "strong" in self.scaling:
             uneven = [n for n in self.nprocs if int(n) > 0 and self.batch_size % int(n)]
             if uneven:

@@ -108,8 +108,9 @@ DEFINITIONS = [
     "all-gathers and reduce-scatters), no overlap; prediction error = predicted / measured median - 1. The "
     "projection carries the same to N hosts: it is computed, not measured.",
     "verdict: per model and process count, the backend and launcher with the highest samples/s; another is "
-    "slower when the 95% interval of the throughput ratio lies above 1 and the ratio exceeds the A/A noise "
-    "floor, else no significant difference.",
+    "slower when the 95% interval of the throughput ratio lies above 1 and the ratio exceeds 1 + the larger of "
+    "the margin (--margin, default 5%) and the A/A noise floor; else it shares the first place (no significant "
+    "difference, or a significant one within that threshold).",
 ]
 
 

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from ..driver.config import DEFAULT_MARGIN
 from . import intervals, metrics
 from .launches import groups, task_of
 from .tables_collectives import MEMCPY_COLUMNS, SWEEP_FOOTER_COLUMNS, memcpy_rows, sweep_columns, sweep_rows
@@ -66,6 +67,7 @@ def _options(config: Optional[dict]) -> dict:
     config = config or {}
     return {
         "noisy": config.get("noisy", 0.10),
+        "margin": config.get("margin", DEFAULT_MARGIN),
         "units": config.get("units", "GB/s"),
         "scaling": tuple(config.get("scaling") or ("weak",)),
     }
@@ -98,7 +100,7 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
     Tables: training, sweep (+ sweep_footer, sweep_unsupported), memcpy, overhead; noise_floor
     (the A/A check); verdict (list of {claim, text}); the cost model's costmodel_fit, predictions,
     projection and published (tables_model.py). `config` (results.json's) gives the noisy
-    bound, the bandwidth unit and the scaling modes.
+    bound, the verdict's margin, the bandwidth unit and the scaling modes.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # many small tensor operations: on a busy machine 2 threads took 20x longer
@@ -116,7 +118,8 @@ def _build(cells: list, opts: dict) -> dict:
     overhead = overhead_rows(cells)
     floor = noise_floor(cells)
     spread = (floor or {}).get("spread") or 0.0
-    verdict = training_verdict(training, estimates, spread) + overhead_lines(overhead) + sweep_lines(footers)
+    verdict = training_verdict(training, estimates, spread, opts["margin"])
+    verdict += overhead_lines(overhead) + sweep_lines(footers)
     return {
         "training": training,
         "tuning": tuning,

@@ -2,9 +2,10 @@
 
 Per model, scaling mode and process count the backends (with their launchers) are ranked by
 throughput. A row is "slower" when some faster row beats it: the 95% interval of the ratio of
-their throughputs lies above 1 and the ratio exceeds the machine's noise floor (the A/A
-spread); otherwise there is "no significant difference" and it shares the first place. Each
-row's factor is given against the fastest by median. Each
+their throughputs lies above 1 (significant) and the ratio exceeds 1 + the larger of the margin
+(default 5%) and the machine's noise floor (the A/A spread: relevant); otherwise it shares the
+first place, with "no significant difference" or "within" the margin. Each row's factor is
+given against the fastest by median. Each
 entry has a `claim` (the categorical statement, no numbers: what a rerun should repeat) and a
 `text` (the claim with its numbers). The same for the abstraction overhead and for paraflow's
 collectives against the raw library's.
@@ -27,11 +28,11 @@ def _name(row: dict) -> str:
     return f"{row['backend']} · {row['launcher']}"
 
 
-def compare_pair(fast: intervals.Estimate, slow: intervals.Estimate, noise_floor: float = 0.0) -> tuple:
-    """(factor estimate fast / slow, significant?): significant when the interval lies above 1 and
-    the factor exceeds 1 + `noise_floor`."""
+def compare_pair(fast: intervals.Estimate, slow: intervals.Estimate, threshold: float = 0.0) -> tuple:
+    """(factor estimate fast / slow, called?): called when the interval lies above 1 and the factor
+    exceeds 1 + `threshold` (the larger of the margin and the A/A spread)."""
     factor = fast.map(lambda a, b: a / b, slow)
-    return factor, factor.low > 1.0 and factor.value > 1.0 + noise_floor
+    return factor, factor.low > 1.0 and factor.value > 1.0 + threshold
 
 
 def _factor_text(est: intervals.Estimate) -> str:
@@ -42,25 +43,25 @@ def _percent_text(est: intervals.Estimate) -> str:
     return f"{est.value:.0%} [{est.low:.0%}–{est.high:.0%}]"
 
 
-def _beaten_by(slow: intervals.Estimate, faster: list, noise_floor: float) -> Optional[tuple]:
+def _beaten_by(slow: intervals.Estimate, faster: list, threshold: float) -> Optional[tuple]:
     """(name, factor text) of the first of the `faster` rows that beats `slow` beyond noise, else
     None: a row measured too loosely to beat anything (the fastest by its median, say) cannot
     hide a difference the other rows show."""
     for row, est in faster:
-        factor, beats = compare_pair(est["x"], slow, noise_floor)
+        factor, beats = compare_pair(est["x"], slow, threshold)
         if beats:
             return _name(row), _factor_text(factor)
     return None
 
 
-def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor: float, tuned: bool = False) -> dict:
+def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: float, tuned: bool = False) -> dict:
     """entries: (row, estimates) of one model, scaling and process count, each with a throughput."""
     entries = sorted(entries, key=lambda e: -e[1]["x"].value)
     fast_row, fast = entries[0]
     others = []
     for i, (row, est) in enumerate(entries[1:], start=1):
-        factor, significant = compare_pair(fast["x"], est["x"], noise_floor)
-        beaten_by = None if significant else _beaten_by(est["x"], entries[1:i], noise_floor)
+        factor, significant = compare_pair(fast["x"], est["x"], threshold)
+        beaten_by = None if significant else _beaten_by(est["x"], entries[1:i], threshold)
         others.append(
             {
                 "name": _name(row),
@@ -84,6 +85,8 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor:
             parts.append(f"{o['name']} is slower than {o['beaten_by']} ({o['by']}; {factor} against the fastest)")
         elif o["slower"]:
             parts.append(f"{factor} faster than {o['name']}")
+        elif o["low"] > 1.0:  # significant, but not beyond the threshold
+            parts.append(f"a difference below {threshold:.0%} from {o['name']} ({factor})")
         else:
             parts.append(f"no significant difference from {o['name']} ({factor})")
     if fast.get("comm") is not None:
@@ -95,6 +98,7 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor:
         "scaling": scaling,
         "processes": n,
         "tuned": tuned,
+        "threshold": threshold,
         "fastest": ties,
         "slower": [o for o in others if o["slower"]],
         "no_significant_difference": [o for o in others if not o["slower"]],
@@ -106,15 +110,17 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, noise_floor:
     }
 
 
-def training_verdict(rows: list, estimates: list, noise_floor: float = 0.0) -> list:
+def training_verdict(rows: list, estimates: list, noise_floor: float = 0.0, margin: float = 0.0) -> list:
     """One entry per model x scaling x process count with at least one measured row: default
-    settings against default settings, and (with tuning rows) tuned against tuned."""
+    settings against default settings, and (with tuning rows) tuned against tuned. A difference
+    is called from 1 + max(`noise_floor`, `margin`) up."""
+    threshold = max(noise_floor, margin)
     grouped: dict = {}
     for row, est in zip(rows, estimates):
         if est and est.get("x") is not None:
             tuned = row.get("setting", "default") != "default"
             grouped.setdefault((row["model"], row["scaling"], row["processes"], tuned), []).append((row, est))
-    return [_group_verdict(m, s, n, entries, noise_floor, tuned) for (m, s, n, tuned), entries in grouped.items()]
+    return [_group_verdict(m, s, n, entries, threshold, tuned) for (m, s, n, tuned), entries in grouped.items()]
 
 
 def overhead_lines(rows: list) -> list:
