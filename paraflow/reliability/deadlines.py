@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Callable, TypeVar
 
-__all__ = ["DeadlineExceeded", "call_with_deadline", "wait_until"]
+__all__ = ["DeadlineExceeded", "call_with_deadline", "wait_until", "spin_until"]
 
 _T = TypeVar("_T")
 
@@ -56,3 +57,24 @@ def wait_until(done: Callable[[], bool], seconds: float, what: str) -> None:
             raise DeadlineExceeded(f"{what} timed out after {seconds:g} s")
         time.sleep(pause)
         pause = min(2 * pause, 2e-4)
+
+
+def spin_until(done: Callable[[], bool], seconds: float, what: str) -> None:
+    """Poll `done`, yielding the core (and the GIL) between polls, until it is true; fail once
+    `seconds` have passed.
+
+    For a library whose own wait spins the same way but has no timeout (horovod's
+    ``synchronize``, under either controller): the wait costs what the library's does and
+    notices completion at once. Waiting instead on a thread of its own, with the caller on an
+    event, cost 1.2-1.5x a raw 1 MB horovod allreduce under the gloo controller here (ranks
+    pinned); sleeping between polls noticed completion late.
+
+    Raises:
+        DeadlineExceeded: "`what` timed out after `seconds` s".
+    """
+    deadline = time.monotonic() + seconds
+    now, pause = time.monotonic, os.sched_yield
+    while not done():
+        if now() > deadline:
+            raise DeadlineExceeded(f"{what} timed out after {seconds:g} s")
+        pause()

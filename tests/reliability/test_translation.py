@@ -1,12 +1,14 @@
 """Unit tests, no processes: error translation and the collective descriptor."""
 
+import time
+
 import pytest
 import torch
 
 from paraflow.backends.ddp.checked import unused_parameters_error
 from paraflow.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError, LauncherError
 from paraflow.reliability.collective_check import DESCRIPTOR_WORDS, _Descriptor, _encode, _mismatch, describe
-from paraflow.reliability.deadlines import call_with_deadline
+from paraflow.reliability.deadlines import DeadlineExceeded, call_with_deadline, spin_until
 from paraflow.reliability.translation import startup_errors, translate_collective_error
 
 GLOO_TIMEOUT = RuntimeError(
@@ -76,6 +78,24 @@ def test_call_with_deadline_returns_raises_or_gives_up():
     with pytest.raises(RuntimeError, match="waiting timed out after 0.2 s"):
         call_with_deadline(never.wait, 0.2, "waiting")
     never.set()
+
+
+def test_spin_until_returns_once_done_yields_the_gil_and_gives_up_at_the_deadline():
+    """The wait polls on the calling thread and lets other threads run between polls: a thread
+    that needs the GIL to finish the work ends the wait; work that never finishes raises."""
+    import threading
+
+    finished = threading.Event()
+    worker = threading.Thread(target=lambda: [sum(range(1000)) for _ in range(200)] and finished.set())
+    started = time.monotonic()
+    worker.start()
+    spin_until(finished.is_set, 10, "summing")
+    worker.join()
+    assert finished.is_set() and time.monotonic() - started < 5
+    polls = []
+    with pytest.raises(DeadlineExceeded, match="waiting timed out after 0.2 s"):
+        spin_until(lambda: polls.append(1) and False, 0.2, "waiting")
+    assert len(polls) > 100  # polled throughout, not once
 
 
 def test_unused_parameters_are_named_from_torch_indices():

@@ -208,9 +208,6 @@ class HorovodBackend(HorovodCollectives, Backend):
             self._rendezvous = None
         self._env_vars.restore()
         self._optimizers.clear()
-        if self.__dict__.get("_waiter") is not None:
-            self._waiter.close()
-            self._waiter = None
         self._leaving_on_error = False
         self.controller = None
         if error is not None:

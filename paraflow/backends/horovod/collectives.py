@@ -1,8 +1,8 @@
 """Horovod's collectives behind paraflow's public calls, each wait bounded by the timeout.
 
-Under the MPI controller horovod's own wait has no timeout. The public collectives block in
-horovod's wait on a thread of their own (:mod:`paraflow.reliability.waiter`) and give up after
-the backend's timeout (so the error can be caught); every other horovod wait
+Horovod's own wait (``synchronize``) spins on the handle with no timeout. The public collectives
+poll their handle the same way on the calling thread and give up after the backend's timeout
+(so the error can be caught); every other horovod wait
 (broadcasts in ``wrap_model`` and ``wrap_optimizer``, the gradient wait in ``step()``, barriers,
 ``join``) runs under the watchdog (:mod:`paraflow.reliability.watchdog`), which costs nothing
 while it ends in time. Horovod's errors become paraflow's, naming the call and this rank.
@@ -18,10 +18,9 @@ from typing import Any, Callable
 import torch
 
 from ...errors import CollectiveError, ConfigurationError
-from ...reliability.deadlines import DeadlineExceeded
+from ...reliability.deadlines import DeadlineExceeded, spin_until
 from ...reliability.stall import stall_facts
 from ...reliability.translation import translate_collective_error
-from ...reliability.waiter import Waiter
 from ...reliability.watchdog import watchdog
 
 __all__ = ["HorovodCollectives"]
@@ -76,21 +75,22 @@ class HorovodCollectives:
 
     # ---------------------------------------------------------------- helpers
     def _wait(self, handle: int) -> Any:
-        """``hvd.synchronize(handle)``, failing after the timeout instead of waiting forever.
+        """``hvd.synchronize(handle)`` once ``hvd.poll`` finds it done, failing after the timeout
+        instead of waiting forever.
 
-        Under the MPI controller horovod's own wait has no timeout: a rank that stops answering
-        would block the others for good. After a timeout horovod's background thread may be
-        stuck, so shutdown leaves horovod alone (MPI_Abort or horovod's exit handler ends it).
+        Horovod's own wait spins on the handle with no timeout: a rank that stops answering
+        would block the others for good. This one spins the same way, on this thread, with a
+        deadline (:func:`paraflow.reliability.deadlines.spin_until`). After a timeout horovod's
+        background thread may be stuck, so shutdown leaves horovod alone (MPI_Abort or horovod's
+        exit handler ends it).
         """
-        waiter = self.__dict__.get("_waiter")
-        if waiter is None:
-            waiter = self._waiter = Waiter(f"paraflow horovod wait (rank {self.rank})")
         hvd = self._hvd
         try:
-            return waiter.run(lambda: hvd.synchronize(handle), self.timeout, "waiting for the other ranks")
+            spin_until(lambda: hvd.poll(handle), self.timeout, "waiting for the other ranks")
         except DeadlineExceeded:
             self._stuck = True
             raise
+        return hvd.synchronize(handle)
 
     def bounded(self, what: str):
         """Context around a horovod wait that cannot be polled: once it outlives the timeout the
