@@ -29,6 +29,7 @@ __all__ = [
     "call_site",
     "is_library",
     "LIBRARIES",
+    "USER_PROGRAMS",
     "describe",
     "mismatch_error",
     "COLLECTIVES",
@@ -67,6 +68,9 @@ FRAME_BYTES = _DESCRIPTOR_BYTES + CARRY_BYTES
 # Frames of these packages are not the user's call site: paraflow itself, the libraries that call
 # back into it (torch's module call running a forward hook, horovod's optimizer step), contextlib.
 LIBRARIES = frozenset({"paraflow", "torch", "horovod", "contextlib"})
+#: paraflow's own programs that call its public API as a script does (the benchmark's ranks): their
+#: lines are call sites, and the walk stops there as it does in a user's script.
+USER_PROGRAMS = ("paraflow.bench.",)
 
 
 _LIBRARY_CODE: dict = {}  # code object -> is it library code (a module's code keeps its module)
@@ -75,13 +79,15 @@ _CACHE_LIMIT = 4096  # entries per cache; cleared when full (code made on the fl
 
 
 def is_library(frame) -> bool:
-    """True for a frame of paraflow, torch, horovod or contextlib: not the user's call site."""
+    """True for a frame of paraflow (but its USER_PROGRAMS), torch, horovod or contextlib: not
+    the user's call site."""
     code = frame.f_code
     known = _LIBRARY_CODE.get(code)
     if known is None:
         if len(_LIBRARY_CODE) >= _CACHE_LIMIT:
             _LIBRARY_CODE.clear()
-        known = _LIBRARY_CODE[code] = frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARIES
+        name = frame.f_globals.get("__name__", "")
+        known = _LIBRARY_CODE[code] = name.partition(".")[0] in LIBRARIES and not name.startswith(USER_PROGRAMS)
     return known
 
 
@@ -89,8 +95,13 @@ def call_site() -> str:
     """file:line of the script's line that led here: the first caller outside paraflow, torch and
     horovod (every collective asks, so the library test is remembered per code object and the
     site per code object and instruction)."""
-    frame = sys._getframe(2)
-    while frame is not None and is_library(frame):
+    frame, known = sys._getframe(2), _LIBRARY_CODE
+    while frame is not None:  # is_library, inline: one lookup per frame on the common path
+        library = known.get(frame.f_code)
+        if library is None:
+            library = is_library(frame)
+        if not library:
+            break
         frame = frame.f_back
     if frame is None:
         return "?"

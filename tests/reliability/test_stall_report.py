@@ -132,6 +132,18 @@ def test_call_site_keeps_each_lines_own_site_and_skips_library_frames():
     assert all(found == expected for found, expected in sites), sites
 
 
+def test_the_benchmarks_rank_programs_are_call_sites_as_a_script_is():
+    """paraflow.bench's ranks call the public API as a script does: the walk stops at their line
+    (not at the launcher's entry point further up), while paraflow's library frames are skipped."""
+    from paraflow.reliability.collective_check import call_site
+
+    library = {"__name__": "paraflow.stand_in", "call_site": call_site}
+    exec("def checked():\n    return call_site()\ndef public():\n    return checked()\n", library)
+    program = {"__name__": "paraflow.bench.rank.stand_in", "public": library["public"]}
+    exec(compile("def sweep():\n    return public()\n", "sweep_stand_in.py", "exec"), program)
+    assert program["sweep"]() == "sweep_stand_in.py:2"
+
+
 def test_marked_models_still_copy_and_pickle():
     activity = Activity()
     model = torch.nn.Linear(2, 2)
