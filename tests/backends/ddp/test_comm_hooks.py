@@ -67,8 +67,10 @@ def _hook_exit(kind: str, python: str):
 def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, python):
     """An abort at exit: gloo's thread wants the GIL during shutdown.
 
-    With torch's own hook the process aborts ("terminate called without an active exception")
-    after a successful backward; with paraflow's it waits for the release and exits 0. The abort
+    With torch's own hook the process aborts after a successful backward ("terminate called
+    without an active exception", or Python's "Fatal Python error" when the thread reaches the
+    interpreter while it finalizes: the same race); with paraflow's it waits for the release and
+    exits 0. The abort
     is a race that the worker makes likely, not certain: torch's hook must abort in at least one
     of three runs, paraflow's must exit 0 in every one.
     """
@@ -81,7 +83,8 @@ def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, pytho
             break
     if kind == "torch":
         aborted = [r for r in results if r.returncode != 0]
-        assert aborted and "terminate called" in aborted[0].stderr, (
+        crashed = ("terminate called", "Fatal Python error")
+        assert aborted and any(sign in aborted[0].stderr for sign in crashed), (
             f"torch's hook no longer aborts at exit (exits {[r.returncode for r in results]}); "
             "paraflow.backends.ddp.comm_hooks' release wait may be unnecessary now"
         )
