@@ -56,7 +56,12 @@ def test_the_verdict_margin_is_a_fraction():
             BenchConfig(margin=wrong)
 
 
-def test_pinning_is_on_unless_the_machine_is_busy_at_the_start():
+def test_pinning_is_on_unless_other_threads_hold_every_core_at_the_start():
+    # judged on the threads runnable now when known: an earlier run's tail in the load average is not load
+    pinned, why = BenchConfig().resolve_pin(load=2.6, cores=2, runnable=0.2)
+    assert pinned is True and "0.2 other runnable threads (1-min load average 2.6) on 2 cores" in why
+    pinned, why = BenchConfig().resolve_pin(load=0.4, cores=2, runnable=2.5)
+    assert pinned is False and "busy" in why and "2.5 other runnable threads" in why
     assert BenchConfig().resolve_pin(load=1.2, cores=2)[0] is True
     pinned, why = BenchConfig().resolve_pin(load=7.5, cores=2)
     assert pinned is False and "busy" in why and "7.5 on 2 cores" in why
@@ -64,6 +69,18 @@ def test_pinning_is_on_unless_the_machine_is_busy_at_the_start():
     assert BenchConfig(pin="off").resolve_pin(load=0.1, cores=2) == (False, "--pin off")
     with pytest.raises(ConfigurationError, match="--pin off"):
         BenchConfig(pin="yes")
+
+
+def test_runnable_threads_are_read_from_the_kernels_run_queue(tmp_path):
+    from paraflow.bench.driver.busy import runnable_others
+
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("2.61 1.90 1.02 3/187 4242\n")
+    assert runnable_others(seconds=0.01, samples=3, path=str(loadavg)) == 2.0  # the reader is one of 3
+    loadavg.write_text("0.10 0.20 0.30 1/187 4242\n")
+    assert runnable_others(seconds=0.01, samples=2, path=str(loadavg)) == 0.0
+    assert runnable_others(path=str(tmp_path / "missing")) is None
+    assert runnable_others(seconds=0.01, samples=2) is not None  # this machine's own file
 
 
 def test_command_line_shows_what_the_launch_sets_and_removes():

@@ -128,8 +128,8 @@ class BenchConfig:
         margin: the smallest throughput difference the verdict calls (a fraction; the A/A noise
             floor when that is larger): a smaller one is within what the machine drifts between runs.
         aa_check: launch the first training cell twice more at the start (A/A): the machine's noise floor.
-        pin: bind each rank's threads to cores of its own: "on", "off", or "auto" (on unless the
-            1-min load average at the start exceeds the core count; :meth:`resolve_pin`).
+        pin: bind each rank's threads to cores of its own: "on", "off", or "auto" (on unless other
+            threads hold every core at the start; :meth:`resolve_pin`).
         omp_wait: OpenMP threads at barriers: "passive" (sleep, the default) or "active" (spin).
             OMP_WAIT_POLICY in the environment wins.
         scaling: "weak" (fixed batch per process), "strong" (fixed global batch) or both.
@@ -263,16 +263,21 @@ class BenchConfig:
         elif not isinstance(self.overhead_model, ModelSpec):
             self.overhead_model = ModelSpec.parse(self.overhead_model)
 
-    def resolve_pin(self, load: float, cores: int) -> tuple[bool, str]:
-        """(pin?, why) for this run, given the 1-min load average and the core count at the start."""
+    def resolve_pin(self, load: float, cores: int, runnable: Optional[float] = None) -> tuple[bool, str]:
+        """(pin?, why) for this run, given the 1-min load average, the core count and the runnable
+        threads besides the driver at the start (busy.runnable_others; None: judge on the load)."""
         if self.pin != "auto":
             return self.pin == "on", f"--pin {self.pin}"
-        if load > cores:
+        if runnable is None:
+            busy, now = load > cores, f"load average {load:g}"
+        else:
+            busy, now = runnable >= cores, f"{runnable:g} other runnable threads (1-min load average {load:g})"
+        if busy:
             return False, (
-                f"--pin auto: not pinned, the machine was busy at the start (load average {load:g} on {cores} "
-                "cores) and a pinned rank cannot move off a busy core"
+                f"--pin auto: not pinned, the machine was busy at the start ({now} on {cores} cores) and a "
+                "pinned rank cannot move off a busy core"
             )
-        return True, f"--pin auto: pinned, load average {load:g} on {cores} cores at the start"
+        return True, f"--pin auto: pinned, {now} on {cores} cores at the start"
 
     def to_dict(self) -> dict:
         """JSON-ready copy, models written as specs."""

@@ -14,6 +14,7 @@ from ...core.placement import cores
 from ..report.header import binding_summary, cluster_line, collect_header, header_lines
 from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, terminal_report, write_csvs, write_json
 from ..report.tables import build_tables
+from .busy import runnable_others
 from .config import BenchConfig
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header
@@ -61,7 +62,8 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         from ..report.plots import require_pyplot
 
         require_pyplot()
-    pinned, why_pin = config.resolve_pin(os.getloadavg()[0], cores())
+    runnable = runnable_others() if config.pin == "auto" else None
+    pinned, why_pin = config.resolve_pin(os.getloadavg()[0], cores(), runnable)
     wait, why_wait = config.omp_wait.upper(), f"--omp-wait {config.omp_wait}"
     if OMP_WAIT in os.environ:
         wait, why_wait = os.environ[OMP_WAIT], f"{OMP_WAIT}={os.environ[OMP_WAIT]} set by you"
