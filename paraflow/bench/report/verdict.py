@@ -4,11 +4,10 @@ Per model, scaling mode and process count the backends (with their launchers) ar
 throughput. A row is "slower" when some faster row beats it: the 95% interval of the ratio of
 their throughputs lies above 1 (significant) and the ratio exceeds 1 + the larger of the margin
 (default 5%) and the machine's noise floor (the A/A spread: relevant); otherwise it shares the
-first place, with "no significant difference" or "within" the margin. Each row's factor is
-given against the fastest by median. Each
-entry has a `claim` (the categorical statement, no numbers: what a rerun should repeat) and a
-`text` (the claim with its numbers). The same for the abstraction overhead and for paraflow's
-collectives against the raw library's.
+first place, with "no significant difference" or "a difference below" the threshold. Each
+row's factor is given against the fastest by median. Each entry has a `claim` (the categorical
+statement, no numbers: what a rerun should repeat) and a `text` (the claim with its numbers).
+The same for the abstraction overhead and for paraflow's collectives against the raw library's.
 """
 
 from __future__ import annotations
