@@ -95,13 +95,8 @@ def call_site() -> str:
     """file:line of the script's line that led here: the first caller outside paraflow, torch and
     horovod (every collective asks, so the library test is remembered per code object and the
     site per code object and instruction)."""
-    frame, known = sys._getframe(2), _LIBRARY_CODE
-    while frame is not None:  # is_library, inline: one lookup per frame on the common path
-        library = known.get(frame.f_code)
-        if library is None:
-            library = is_library(frame)
-        if not library:
-            break
+    frame = sys._getframe(2)
+    while frame is not None and is_library(frame):
         frame = frame.f_back
     if frame is None:
         return "?"

@@ -66,7 +66,7 @@ def spin_until(done: Callable[[], bool], seconds: float, what: str) -> None:
     For a library whose own wait spins the same way but has no timeout (horovod's
     ``synchronize``, under either controller): the wait costs what the library's does and
     notices completion at once. Waiting instead on a thread of its own, with the caller on an
-    event, cost 1.2-1.5x a raw 1 MB horovod allreduce under the gloo controller here (ranks
+    event, cost 1.09-1.57x a raw 1 MB horovod allreduce under the gloo controller here (ranks
     pinned); sleeping between polls noticed completion late.
 
     Raises:

@@ -80,9 +80,9 @@ def test_call_with_deadline_returns_raises_or_gives_up():
     never.set()
 
 
-def test_spin_until_returns_once_done_yields_the_gil_and_gives_up_at_the_deadline():
-    """The wait polls on the calling thread and lets other threads run between polls: a thread
-    that needs the GIL to finish the work ends the wait; work that never finishes raises."""
+def test_spin_until_returns_once_another_threads_work_is_done_and_gives_up_at_the_deadline():
+    """The wait polls on the calling thread: work another thread finishes ends it; work that
+    never finishes raises at the deadline, having been polled throughout."""
     import threading
 
     finished = threading.Event()
