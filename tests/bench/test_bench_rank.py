@@ -1,11 +1,13 @@
 """What each rank does before and around its timed steps: pinning, warm-up, the own-code profiler."""
 
+import ctypes
 import os
+import threading
 
 import pytest
 
 from paraflow.bench.rank.ownprofile import OwnTime, instrument_waits, is_own_file, profile_own_code
-from paraflow.bench.rank.pinning import cores_for, local_rank_from_env
+from paraflow.bench.rank.pinning import cores_for, idle_polling_loops, local_rank_from_env
 from paraflow.bench.rank.warmup import settled
 
 
@@ -22,6 +24,36 @@ def test_local_rank_comes_from_whichever_launcher_started_the_process():
     assert local_rank_from_env({"OMPI_COMM_WORLD_LOCAL_RANK": "3"}) == 3
     assert local_rank_from_env({"HOROVOD_LOCAL_RANK": "2"}) == 2
     assert local_rank_from_env({}) == 0
+
+
+def _named_thread(name: str, started: list, stop: threading.Event) -> threading.Thread:
+    """A thread that gives itself an OS name (as gloo's loop does) and waits for `stop`."""
+
+    def body():
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+        started.append(threading.get_native_id())
+        stop.wait(30)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no SCHED_IDLE on this OS")
+def test_only_the_polling_event_loop_goes_to_idle_priority():
+    stop, loop, other = threading.Event(), [], []
+    threads = [_named_thread("gloo_tcp_loop", loop, stop), _named_thread("pt_gloo_runloop", other, stop)]
+    try:
+        while not (loop and other):
+            threading.Event().wait(0.01)
+        assert idle_polling_loops() == 1
+        assert os.sched_getscheduler(loop[0]) == os.SCHED_IDLE
+        assert os.sched_getscheduler(other[0]) == os.SCHED_OTHER
+        assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
 
 
 def test_warm_up_ends_when_step_times_settle():

@@ -64,8 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--pin",
         choices=("auto", "on", "off"),
         default="auto",
-        help="bind each rank to cores of its own: on, off, or auto = on unless the machine is busy at the start "
-        "(1-min load average above the core count), where pinned ranks cannot move off busy cores (default: auto)",
+        help="bind each rank to cores of its own (and gloo's polling event loop to idle priority): on, off, or "
+        "auto = on unless other threads hold every core at the start (the run queue of /proc/loadavg), where "
+        "pinned ranks cannot move off busy cores (default: auto)",
     )
     p.add_argument(
         "--omp-wait",

@@ -113,10 +113,11 @@ def main(argv=None) -> int:
     def pin() -> None:
         """Pin once the communication libraries have started their threads (see pinning.py)."""
         if args.pin:
-            from .pinning import free_threads, pin_rank
+            from .pinning import free_threads, idle_polling_loops, pin_rank
 
             pinned.extend(pin_rank(threads) or [])
             free["free_threads"] = free_threads(pinned) if pinned else None
+            free["idle_loops"] = idle_polling_loops() if pinned else None
 
     if args.memcpy_sizes:
         from .memcpy import run_memcpy
@@ -149,6 +150,7 @@ def main(argv=None) -> int:
         )
         meta = {
             **_meta(pinned=pinned or None),
+            **free,
             "rank": result["rank"],
             "world_size": result["world_size"],
             "backend": args.backend,

@@ -108,8 +108,10 @@ def binding_summary(cells: list, pin: bool) -> str:
     if not pin:
         return "none: the OS placed every thread"
     seen: dict = {}
+    idle_loops = 0
     for cell in cells:
         for rank in cell.get("ranks") or []:
+            idle_loops += rank.get("idle_loops") or 0
             if rank.get("pinned_cores") is not None and cell["kind"] == "train":
                 seen.setdefault(cell["nproc"], {})[rank.get("local_rank", rank.get("rank", 0))] = rank["pinned_cores"]
     if not seen:
@@ -118,9 +120,10 @@ def binding_summary(cells: list, pin: bool) -> str:
     for n, ranks in sorted(seen.items()):
         cores = " | ".join(",".join(map(str, ranks[r])) for r in sorted(ranks))
         parts.append(f"{n} process{'es' * (n > 1)}: cores {cores}")
+    loops = "; gloo's event loop at idle priority (SCHED_IDLE) in every rank that has one" if idle_loops else ""
     return (
         "each rank's compute pinned to cores of its own once its backend had started (sched_setaffinity, every "
-        "launcher; the communication library's threads left free): " + "; ".join(parts)
+        "launcher; the communication library's threads left free): " + "; ".join(parts) + loops
     )
 
 
