@@ -2,6 +2,7 @@
 
 import ctypes
 import os
+import select
 import threading
 
 import pytest
@@ -54,6 +55,41 @@ def test_only_the_polling_event_loop_goes_to_idle_priority():
         stop.set()
         for thread in threads:
             thread.join(5)
+
+
+def _unnamed_thread(wait, started: list) -> threading.Thread:
+    """A thread without a name of its own that records its id, then runs `wait`."""
+
+    def body():
+        started.append(threading.get_native_id())
+        wait()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no SCHED_IDLE on this OS")
+def test_unnamed_threads_waiting_in_epoll_go_to_idle_priority_only_when_asked():
+    stop, poller, sleeper = threading.Event(), [], []
+    epoll = select.epoll()
+    threads = [
+        _unnamed_thread(lambda: [epoll.poll(0.05) for _ in range(200) if not stop.is_set()], poller),
+        _unnamed_thread(lambda: stop.wait(30), sleeper),
+    ]
+    try:
+        while not (poller and sleeper):
+            threading.Event().wait(0.01)
+        assert idle_polling_loops() == 0  # by name only: neither is gloo's loop
+        assert os.sched_getscheduler(poller[0]) == os.SCHED_OTHER
+        assert idle_polling_loops(unnamed_in_epoll=True) == 1
+        assert os.sched_getscheduler(poller[0]) == os.SCHED_IDLE
+        assert os.sched_getscheduler(sleeper[0]) == os.SCHED_OTHER
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+        epoll.close()
 
 
 def test_warm_up_ends_when_step_times_settle():
