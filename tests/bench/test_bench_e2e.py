@@ -138,7 +138,7 @@ def test_every_cell_ran_and_every_column_is_filled(run):
     assert ddp_ranks and all(r["free_threads"] >= several_cores for r in ddp_ranks)
     # gloo's polling event loop yields its core to any other thread (pinning.py)
     assert all(r["idle_loops"] >= 1 for r in ddp_ranks)
-    assert "gloo's event loops at idle priority" in results["header"]["binding"]
+    assert "gloo's event loop at idle priority" in results["header"]["binding"]
     sweep = results["tables"]["sweep"]
     assert {r["size_bytes"] for r in sweep} == {4096, 16384} and len(sweep) == 2
     assert all(r["wrong"] == 0 and r["busbw"] > 0 and r["raw_busbw"] > 0 and r["vs_raw"] > 0 for r in sweep)

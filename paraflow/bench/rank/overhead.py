@@ -59,12 +59,11 @@ def run_overhead(
     seed: int,
     profile_steps: int = 20,
     max_seconds: float = 20.0,
-    after_init: Optional[Callable[..., None]] = None,
+    after_init: Optional[Callable[[], None]] = None,
 ) -> dict:
     """Time `pairs` rounds of paraflow / raw / control steps of `spec` (fewer when they would take
     longer than about `max_seconds`, at least MIN_ROUNDS); returns this rank's numbers.
-    `after_init(backend)` runs once both the raw library and paraflow have started (the benchmark
-    pins there)."""
+    `after_init` runs once both the raw library and paraflow have started (the benchmark pins there)."""
     import paraflow
 
     from ...core.registry import spec as registered
@@ -77,7 +76,7 @@ def run_overhead(
     raw.init()
     backend = paraflow.init(backend_name)
     if after_init is not None:
-        after_init(backend)
+        after_init()
     try:
         device = backend.device
         batches = {side: make_batches(backend, data, batch_size, seed) for side in SIDES}

@@ -110,15 +110,14 @@ def main(argv=None) -> int:
     pinned: list = []  # filled by pin() with the cores taken
     free: dict = {}
 
-    def pin(backend=None) -> None:
+    def pin() -> None:
         """Pin once the communication libraries have started their threads (see pinning.py)."""
         if args.pin:
             from .pinning import free_threads, idle_polling_loops, pin_rank
 
             pinned.extend(pin_rank(threads) or [])
             free["free_threads"] = free_threads(pinned) if pinned else None
-            gloo = backend is not None and transport_of(backend) == "gloo"
-            free["idle_loops"] = idle_polling_loops(unnamed_in_epoll=gloo) if pinned else None
+            free["idle_loops"] = idle_polling_loops() if pinned else None
 
     if args.memcpy_sizes:
         from .memcpy import run_memcpy
@@ -167,7 +166,7 @@ def main(argv=None) -> int:
 
     options = {k: option_value(v) for k, _, v in (o.partition("=") for o in args.option)}
     with paraflow.init(args.backend, **options) as backend:
-        pin(backend)
+        pin()
         meta = {**_meta(backend, pinned or None), **free, "options": options}
         rank_file = RankFile(args.out, backend.rank, meta)
         for text in args.model:

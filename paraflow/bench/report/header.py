@@ -120,7 +120,7 @@ def binding_summary(cells: list, pin: bool) -> str:
     for n, ranks in sorted(seen.items()):
         cores = " | ".join(",".join(map(str, ranks[r])) for r in sorted(ranks))
         parts.append(f"{n} process{'es' * (n > 1)}: cores {cores}")
-    loops = "; gloo's event loops at idle priority (SCHED_IDLE) in every rank that uses gloo" if idle_loops else ""
+    loops = "; gloo's event loop at idle priority (SCHED_IDLE) in every rank on torch's gloo" if idle_loops else ""
     return (
         "each rank's compute pinned to cores of its own once its backend had started (sched_setaffinity, every "
         "launcher; the communication library's threads left free): " + "; ".join(parts) + loops
