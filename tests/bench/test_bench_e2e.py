@@ -60,6 +60,8 @@ def run(tmp_path_factory):
         "0",
         "--repeat",
         str(REPEAT),
+        "--max-repeat",  # every cell of a 2-step run is noisy: no extra launches here
+        str(REPEAT),
         "--min-bytes",
         "4K",
         "--max-bytes",

@@ -1,4 +1,5 @@
-"""A cell that fails, hangs or loses a rank shows up as a failed cell and the matrix goes on."""
+"""A cell that fails, hangs or loses a rank shows up as a failed cell and the matrix goes on; a
+cell whose interval stays wide is launched again."""
 
 from pathlib import Path
 
@@ -22,6 +23,26 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+@pytest.fixture
+def rank_env(monkeypatch):
+    for key, value in RANK_ENV.items():
+        monkeypatch.setenv(key, value)
+
+
+def tiny_config(tmp_path, **extra) -> BenchConfig:
+    """Two timed steps of a tiny model, training only."""
+    return BenchConfig(
+        models=list(TINY),
+        steps=2,
+        warmup=1,
+        min_window=0,
+        out=str(tmp_path / "out"),
+        allreduce=False,
+        overhead=False,
+        **extra,
+    )
+
+
 def entry(cell, config, out_dir):
     if cell.tag in ("hang", "one-rank"):
         return [str(WORKERS / "bench_faulty.py"), cell.tag, str(out_dir)]
@@ -29,19 +50,8 @@ def entry(cell, config, out_dir):
 
 
 @pytest.mark.timeout(240)
-def test_failed_hung_and_incomplete_cells_are_reported_and_the_rest_completes(tmp_path, monkeypatch, capsys):
-    for key, value in RANK_ENV.items():
-        monkeypatch.setenv(key, value)
-    config = BenchConfig(
-        models=list(TINY),
-        steps=2,
-        warmup=1,
-        min_window=0,
-        timeout=TIMEOUT,
-        out=str(tmp_path / "out"),
-        allreduce=False,
-        overhead=False,
-    )
+def test_failed_hung_and_incomplete_cells_are_reported_and_the_rest_completes(tmp_path, rank_env, capsys):
+    config = tiny_config(tmp_path, timeout=TIMEOUT)
     cells = [
         Cell("train", "single", "python", 1, 1, TINY),
         # a real worker, failing: 30 is not divisible by the transformer's 4 heads
@@ -75,3 +85,19 @@ def test_failed_hung_and_incomplete_cells_are_reported_and_the_rest_completes(tm
     assert "TIMED OUT: timed out after" in out and "AssertionError: embed_dim" in out
     assert (tmp_path / "out" / "results.json").exists() and (tmp_path / "out" / "results.md").exists()
     assert "## Failed cells" in (tmp_path / "out" / "results.md").read_text()
+
+
+@pytest.mark.timeout(240)
+def test_a_wide_cell_is_launched_again_up_to_max_repeat(tmp_path, rank_env):
+    # every interval is wider than noisy=1e-6: every cell is noisy
+    config = tiny_config(tmp_path, repeat=2, max_repeat=3, noisy=1e-6, plots=False)
+    cells = [Cell("train", "single", "python", 1, 1, TINY, repeat=r) for r in (1, 2)]
+    results = run_bench(config, matrix=Matrix(cells=cells), progress=False)
+    assert [c["id"] for c in results["cells"]] == ["single-python-1-r1", "single-python-1-r2", "single-python-1-r3"]
+    assert all(c["status"] == "ok" for c in results["cells"])
+    assert results["header"]["extra_launches"]["cells"] == {"single-python-1": 1}
+    (row,) = results["tables"]["training"]
+    assert row["launches"] == 3 and "step" in row["noisy"]
+    report = (tmp_path / "out" / "results.md").read_text()
+    assert "extra launches (a cell's interval still wider than --noisy after --repeat 2" in report
+    assert "single-python-1 +1" in report

@@ -1,11 +1,13 @@
 """Table builders, matrix and failure summaries against hand-made per-rank numbers."""
 
 import statistics
+import time
 
 import pytest
 
 from paraflow.bench.driver.config import BenchConfig
-from paraflow.bench.driver.matrix import build_matrix
+from paraflow.bench.driver.extra_launches import run_extra_launches, wide_groups
+from paraflow.bench.driver.matrix import Cell, build_matrix
 from paraflow.bench.driver.runner import failure_reason
 from paraflow.bench.report.tables import (
     OVERHEAD_COLUMNS,
@@ -16,6 +18,7 @@ from paraflow.bench.report.tables import (
     render,
     sweep_columns,
 )
+from paraflow.errors import ConfigurationError
 
 
 def train_task(step_s, window_s, losses, peak, batch=32, n=1, **extra):
@@ -388,3 +391,61 @@ def test_fsdp_shares_ddps_collectives_so_only_one_of_them_sweeps():
         total_cores=2,
     )
     assert {c.backend for c in alone.cells if c.kind == "train" and c.sweep} == {"fsdp"}
+
+
+def test_sweep_rows_keep_the_planned_launches_only():
+    extra = {**ddp(3, 5.0), "sweep": False}  # an extra launch of a noisy cell skips the sweep
+    for r in extra["ranks"]:
+        r["tasks"].pop("sweep")
+    row = build_tables(CELLS + [extra])["sweep"][0]
+    assert row["status"] == "ok" and row["launches"] == 2 and row["raw_time_us"] == 3000.0
+
+
+class _Launched:
+    """What run_cells returns for one launch, as far as extra_launches reads it."""
+
+    def __init__(self, record: dict) -> None:
+        self.record = record
+
+    def to_dict(self) -> dict:
+        return self.record
+
+
+def _planned(repeat):
+    cells = []
+    for r in range(1, repeat + 1):
+        cells += [Cell("train", "single", "python", 1, 1, ("mlp",), repeat=r)]
+        cells += [Cell("train", "ddp-gloo", "torchrun", 2, 1, ("mlp",), sweep=True, repeat=r)]
+    return cells
+
+
+def test_only_cells_whose_interval_stays_wide_get_more_launches_within_the_budget():
+    steady = [single(r, [0.010, 0.010, 0.010], 0.03) for r in (1, 2, 3)]  # the same every launch
+    erratic = [ddp(r, scale) for r, scale in ((1, 1.0), (2, 2.0), (3, 1.4))]  # twice as slow, then between
+    done = [_Launched(c) for c in steady + erratic]
+    assert wide_groups([c.to_dict() for c in done], 0.10, ("weak",)) == ["ddp-gloo-torchrun-2"]
+    launched = []
+
+    def launch(cell):
+        launched.append(cell)
+        return [_Launched(ddp(cell.repeat, 1.4))]
+
+    config = BenchConfig(repeat=3, max_repeat=5, time_budget=60.0)
+    extra = run_extra_launches(_planned(3), done, config, time.monotonic(), launch)
+    # still wide after the fourth launch, so a fifth; never past --max-repeat; never the sweep
+    assert [(c.group, c.repeat, c.sweep) for c in launched] == [
+        ("ddp-gloo-torchrun-2", 4, False),
+        ("ddp-gloo-torchrun-2", 5, False),
+    ]
+    assert len(extra) == 2
+    launched.clear()  # a run that has spent its time budget launches nothing more
+    assert run_extra_launches(_planned(3), done, config, time.monotonic() - 60.0, launch) == [] and not launched
+    launched.clear()  # nor does --max-repeat equal to --repeat
+    assert run_extra_launches(_planned(3), done, BenchConfig(repeat=3), time.monotonic(), launch) == []
+
+
+def test_max_repeat_below_repeat_is_refused():
+    with pytest.raises(ConfigurationError, match="--max-repeat 3"):
+        BenchConfig(repeat=3, max_repeat=2)
+    with pytest.raises(ConfigurationError, match="--time-budget"):
+        BenchConfig(time_budget=0)

@@ -46,6 +46,19 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--min-window", type=float, default=0.3, help="seconds per timed window, at least (default: 0.3)")
     p.add_argument("--repeat", type=int, default=3, help="independent launches of every training cell (default: 3)")
     p.add_argument(
+        "--max-repeat",
+        type=int,
+        default=5,
+        help="launches in all for a cell whose interval is still wider than --noisy after --repeat, while "
+        "the time budget lasts (default: %(default)s; --max-repeat equal to --repeat: no extra launch)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=270.0,
+        help="seconds of the run after which no extra launch starts (default: %(default)s)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -203,6 +216,8 @@ def config_from_args(args: argparse.Namespace):
         min_window=args.min_window,
         max_warmup=args.max_warmup,
         repeat=args.repeat,
+        max_repeat=max(args.max_repeat, args.repeat),
+        time_budget=args.time_budget,
         threads=args.threads,
         noisy=args.noisy,
         margin=args.margin,

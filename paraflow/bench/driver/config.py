@@ -121,6 +121,10 @@ class BenchConfig:
         min_window: seconds the throughput window lasts, at least (more steps when they are
             short); the communication-overhead phase then runs half as many sync/no-sync pairs.
         repeat: independent launches of every training cell (intervals come from their spread).
+        max_repeat: launches a cell may get in all when its interval stays wider than `noisy`
+            after `repeat` (extra_launches.py; None: `repeat`, no extra launch).
+        time_budget: extra launches start only while the run has taken less than this many
+            seconds, counting the launch about to start.
         threads: torch threads per process, the same at every process count, so that a rank of N
             processes computes as the one-process baseline does and weak-scaling efficiency
             measures parallel cost only (None: the cores divided by the largest process count).
@@ -170,6 +174,8 @@ class BenchConfig:
     steps: int = 20
     min_window: float = 0.3
     repeat: int = 3
+    max_repeat: Optional[int] = None
+    time_budget: float = 270.0
     threads: Optional[int] = None
     noisy: float = 0.10
     margin: float = DEFAULT_MARGIN
@@ -215,6 +221,16 @@ class BenchConfig:
         ):
             if int(value) < low:
                 raise ConfigurationError(f"{name}={value}: must be at least {low}.")
+        if self.max_repeat is None:
+            self.max_repeat = self.repeat
+        if int(self.max_repeat) < int(self.repeat):
+            raise ConfigurationError(
+                f"max_repeat={self.max_repeat} is below repeat={self.repeat}: give --max-repeat {self.repeat} or more."
+            )
+        if self.time_budget <= 0:
+            raise ConfigurationError(
+                f"time_budget={self.time_budget}: must be positive seconds, e.g. --time-budget 270."
+            )
         if not self.nprocs or any(int(n) < 1 for n in self.nprocs):
             raise ConfigurationError(f"process counts {self.nprocs}: give positive integers, e.g. --nprocs 1,2.")
         if not self.models:

@@ -16,6 +16,7 @@ from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, term
 from ..report.tables import build_tables
 from .busy import runnable_others
 from .config import BenchConfig
+from .extra_launches import run_extra_launches
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header
 from .runner import OMP_WAIT, run_cells, worker_entry
@@ -91,6 +92,21 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
             if progress:
                 print(cluster_line(header["cluster"]), file=progress, flush=True)
         cell_results = run_cells(matrix.cells, config, raw, entry=entry, progress=progress, cluster=cluster)
+        if config.max_repeat > config.repeat:
+
+            def launch(cell):
+                if progress:
+                    print(f"extra launch, its intervals still wide: {cell.label}", file=progress, flush=True)
+                return run_cells([cell], config, raw, entry=entry, progress=progress, cluster=cluster)
+
+            extra = run_extra_launches(matrix.cells, cell_results, config, start, launch)
+            cell_results += extra
+            header["extra_launches"] = {
+                "repeat": config.repeat,
+                "max_repeat": config.max_repeat,
+                "time_budget": config.time_budget,
+                "cells": {g: sum(r.cell.group == g for r in extra) for g in dict.fromkeys(r.cell.group for r in extra)},
+            }
     cells = [r.to_dict() for r in cell_results]
     header["commands"] = [c["command"] for c in cells]
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)

@@ -13,7 +13,16 @@ from typing import Optional
 from ...backends.horovod.info import summary as horovod_summary
 from ...tools.launch import find_tool
 
-__all__ = ["collect_header", "header_lines", "busy_warning", "binding_summary", "cluster_line", "probe_line", "UNITS"]
+__all__ = [
+    "collect_header",
+    "header_lines",
+    "busy_warning",
+    "binding_summary",
+    "cluster_line",
+    "probe_line",
+    "extra_launches_line",
+    "UNITS",
+]
 
 UNITS = "GB = 1e9 bytes, MB = 1e6 bytes; GB/s = 1e9 bytes per second; times are wall-clock"
 
@@ -127,6 +136,15 @@ def binding_summary(cells: list, pin: bool) -> str:
     )
 
 
+def extra_launches_line(extra: dict) -> str:
+    """Which cells got launches beyond --repeat because their intervals stayed wide (extra_launches.py)."""
+    cells = ", ".join(f"{group} +{count}" for group, count in extra["cells"].items()) or "none"
+    return (
+        f"extra launches (a cell's interval still wider than --noisy after --repeat {extra['repeat']}; up to "
+        f"--max-repeat {extra['max_repeat']} while the run's {extra['time_budget']:g} s lasted): {cells}"
+    )
+
+
 def probe_line(probe: dict) -> str:
     """The machine's own speed along the run (driver/speed_probe.py), in one line."""
     return (
@@ -175,6 +193,8 @@ def header_lines(header: dict, with_commands: bool = True) -> list[str]:
     probe = header.get("speed_probe")
     if probe:
         lines.append(probe_line(probe))
+    if header.get("extra_launches") is not None:
+        lines.append(extra_launches_line(header["extra_launches"]))
     warning = busy_warning(header)
     if warning:
         lines.append(warning)

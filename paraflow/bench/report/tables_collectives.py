@@ -190,9 +190,10 @@ def sweep_rows(cells: list, memcpy: Optional[list] = None, unit: str = "GB/s") -
     copy_bw = {(r["device"], r["size_bytes"]): r["bw"] for r in (memcpy or [])}
     rows, footers, unsupported = [], [], []
     for group, launches in groups(cells, "train").items():
-        first = launches[0]
-        if not first.get("sweep"):
+        launches = [c for c in launches if c.get("sweep")]  # extra launches of a noisy cell skip it
+        if not launches:
             continue
+        first = launches[0]
         meta = next((c["ranks"][0] for c in launches if c.get("ranks")), {})
         ident = {
             "backend": first["backend"],

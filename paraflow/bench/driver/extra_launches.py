@@ -1,0 +1,64 @@
+"""More launches for the cells whose intervals are still wide, while the run's time budget lasts.
+
+After the planned rounds, a training cell whose step-time or throughput interval is wider than
+``--noisy`` on any of its models (its row's noisy mark) is launched once more, round after
+round, judged again after each round, until its intervals narrow, it has ``--max-repeat``
+launches, or the run's time is spent: a launch starts only when the run's time so far plus that
+cell's mean launch time stays within ``--time-budget``. Three launches give a t interval
+4.30 standard errors wide on each side; five give 2.78, over more launches. Extra launches skip
+the collective sweep, whose rows keep the planned launches.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from typing import Callable
+
+from ..report.tables_training import training_rows
+from .config import BenchConfig
+from .matrix import Cell
+
+__all__ = ["wide_groups", "launch_cost", "run_extra_launches", "WIDE_MARKS"]
+
+#: The noisy marks that earn a cell another launch (the communication share is not a verdict's).
+WIDE_MARKS = ("step", "samples/s")
+
+
+def wide_groups(cells: list, noisy: float, scaling: tuple) -> list:
+    """Groups (``backend-launcher-processes``) of default training rows with a wide interval, in row order."""
+    rows, _ = training_rows(cells, tuple(scaling), noisy)
+    wide: list = []
+    for row in rows:
+        marks = {mark.strip() for mark in str(row.get("noisy") or "").split(",")}
+        group = f"{row['backend']}-{row['launcher']}-{row['processes']}"
+        if row.get("setting", "default") == "default" and marks & set(WIDE_MARKS) and group not in wide:
+            wide.append(group)
+    return wide
+
+
+def launch_cost(cells: list, group: str) -> float:
+    """Mean seconds of the launches of `group` so far."""
+    spent = [c["elapsed_s"] for c in cells if c.get("group") == group and c["kind"] == "train" and not c.get("tag")]
+    return statistics.fmean(spent) if spent else 0.0
+
+
+def run_extra_launches(
+    planned: list, results: list, config: BenchConfig, started: float, launch: Callable[[Cell], list]
+) -> list:
+    """Launch the still-wide cells of `planned` again (see the module's docstring); returns the
+    new launches' results. `launch(cell)` runs one cell and returns its results (run_cells);
+    `started` is the run's time.monotonic() start."""
+    cells = {c.group: c for c in planned if c.kind == "train" and c.repeat and not c.tag and not c.options}
+    extra: list = []
+    for repeat in range(config.repeat + 1, config.max_repeat + 1):
+        done = [r.to_dict() for r in results + extra]
+        wide = [g for g in wide_groups(done, config.noisy, config.scaling) if g in cells]
+        fits = [g for g in wide if time.monotonic() - started + launch_cost(done, g) <= config.time_budget]
+        if not fits:
+            break
+        for group in fits:
+            if time.monotonic() - started + launch_cost(done, group) <= config.time_budget:
+                extra += launch(replace(cells[group], repeat=repeat, sweep=False))
+    return extra
