@@ -424,6 +424,9 @@ def test_only_cells_whose_interval_stays_wide_get_more_launches_within_the_budge
     erratic = [ddp(r, scale) for r, scale in ((1, 1.0), (2, 2.0), (3, 1.4))]  # twice as slow, then between
     done = [_Launched(c) for c in steady + erratic]
     assert wide_groups([c.to_dict() for c in done], 0.10, ("weak",)) == ["ddp-gloo-torchrun-2"]
+    # launches 10%-20% apart are wide too, but less so: the widest cell comes first
+    mild = [single(r, [t] * 3, 3 * t) for r, t in ((1, 0.010), (2, 0.012), (3, 0.011))]
+    assert wide_groups(mild + erratic, 0.10, ("weak",)) == ["ddp-gloo-torchrun-2", "single-python-1"]
     launched = []
 
     def launch(cell):

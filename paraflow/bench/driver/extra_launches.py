@@ -1,10 +1,10 @@
 """More launches for the cells whose intervals are still wide, while the run's time budget lasts.
 
 After the planned rounds, a training cell whose step-time or throughput interval is wider than
-``--noisy`` on any of its models (its row's noisy mark) is launched once more, round after
-round, judged again after each round, until its intervals narrow, it has ``--max-repeat``
-launches, or the run's time is spent: a launch starts only when the run's time so far plus that
-cell's mean launch time stays within ``--time-budget``. Three launches give a t interval
+``--noisy`` on any of its models (its row's noisy mark) is launched once more, round after round
+(the widest first), judged again after each round, until its intervals narrow, it has
+``--max-repeat`` launches, or the run's time is spent: a launch starts only when the run's time
+so far plus that cell's mean launch time stays within ``--time-budget``. Three launches give a t interval
 4.30 standard errors wide on each side; five give 2.78, over more launches. Extra launches skip
 the collective sweep, whose rows keep the planned launches.
 """
@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
+from ..report.intervals import relative_halfwidth
 from ..report.tables_training import training_rows
 from .config import BenchConfig
 from .matrix import Cell
@@ -26,16 +27,26 @@ __all__ = ["wide_groups", "launch_cost", "run_extra_launches", "WIDE_MARKS"]
 WIDE_MARKS = ("step", "samples/s")
 
 
+def _width(row: dict) -> float:
+    """The row's widest relative half-interval of step time and throughput."""
+    return max(
+        relative_halfwidth(row[key], row[f"{key}_low"], row[f"{key}_high"])
+        for key in ("step_ms_median", "samples_per_s")
+        if row.get(key) is not None
+    )
+
+
 def wide_groups(cells: list, noisy: float, scaling: tuple) -> list:
-    """Groups (``backend-launcher-processes``) of default training rows with a wide interval, in row order."""
+    """Groups (``backend-launcher-processes``) of default training rows with a wide interval, the
+    widest first (so a budget that runs short goes to the cells that need launches most)."""
     rows, _ = training_rows(cells, tuple(scaling), noisy)
-    wide: list = []
+    widths: dict = {}
     for row in rows:
         marks = {mark.strip() for mark in str(row.get("noisy") or "").split(",")}
-        group = f"{row['backend']}-{row['launcher']}-{row['processes']}"
-        if row.get("setting", "default") == "default" and marks & set(WIDE_MARKS) and group not in wide:
-            wide.append(group)
-    return wide
+        if row.get("setting", "default") == "default" and marks & set(WIDE_MARKS):
+            group = f"{row['backend']}-{row['launcher']}-{row['processes']}"
+            widths[group] = max(widths.get(group, 0.0), _width(row))
+    return sorted(widths, key=lambda group: -widths[group])
 
 
 def launch_cost(cells: list, group: str) -> float:
