@@ -448,7 +448,7 @@ def test_only_cells_whose_interval_stays_wide_get_more_launches_within_the_budge
 
 
 def test_max_repeat_below_repeat_is_refused():
-    with pytest.raises(ConfigurationError, match="--max-repeat 3"):
+    with pytest.raises(ConfigurationError, match="max_repeat=2: must be at least 3"):
         BenchConfig(repeat=3, max_repeat=2)
-    with pytest.raises(ConfigurationError, match="--time-budget"):
+    with pytest.raises(ConfigurationError, match="time_budget=0: must be at least 1"):
         BenchConfig(time_budget=0)

@@ -210,27 +210,20 @@ class BenchConfig:
 
         if self.data not in DATASETS:
             raise ConfigurationError(f"unknown data {self.data!r}; choose one of {', '.join(DATASETS)}.")
+        self.max_repeat = self.repeat if self.max_repeat is None else self.max_repeat
         for name, value, low in (
             ("batch_size", self.batch_size, 1),
             ("steps", self.steps, 1),
             ("warmup", self.warmup, 0),
             ("overhead_steps", self.overhead_steps, 1),
             ("repeat", self.repeat, 1),
+            ("max_repeat", self.max_repeat, int(self.repeat)),
+            ("time_budget", self.time_budget, 1),
             ("sweep_rounds", self.sweep_rounds, 1),
             ("threads", 1 if self.threads is None else self.threads, 1),
         ):
             if int(value) < low:
                 raise ConfigurationError(f"{name}={value}: must be at least {low}.")
-        if self.max_repeat is None:
-            self.max_repeat = self.repeat
-        if int(self.max_repeat) < int(self.repeat):
-            raise ConfigurationError(
-                f"max_repeat={self.max_repeat} is below repeat={self.repeat}: give --max-repeat {self.repeat} or more."
-            )
-        if self.time_budget <= 0:
-            raise ConfigurationError(
-                f"time_budget={self.time_budget}: must be positive seconds, e.g. --time-budget 270."
-            )
         if not self.nprocs or any(int(n) < 1 for n in self.nprocs):
             raise ConfigurationError(f"process counts {self.nprocs}: give positive integers, e.g. --nprocs 1,2.")
         if not self.models:
