@@ -4,9 +4,9 @@ After the planned rounds, a training cell whose step-time or throughput interval
 ``--noisy`` on any of its models (its row's noisy mark) is launched once more, round after round
 (the widest first), judged again after each round, until its intervals narrow, it has
 ``--max-repeat`` launches, or the run's time is spent: a launch starts only when the run's time
-so far plus that cell's mean launch time stays within ``--time-budget``. Three launches give a t interval
-4.30 standard errors wide on each side; five give 2.78, over more launches. Extra launches skip
-the collective sweep, whose rows keep the planned launches.
+so far plus that cell's mean launch time stays within ``--time-budget``. Three launches give a t
+interval 4.30 standard errors wide on each side; five give 2.78, over more launches. Extra
+launches skip the collective sweep, whose rows keep the planned launches.
 """
 
 from __future__ import annotations
@@ -65,11 +65,10 @@ def run_extra_launches(
     extra: list = []
     for repeat in range(config.repeat + 1, config.max_repeat + 1):
         done = [r.to_dict() for r in results + extra]
-        wide = [g for g in wide_groups(done, config.noisy, config.scaling) if g in cells]
-        fits = [g for g in wide if time.monotonic() - started + launch_cost(done, g) <= config.time_budget]
-        if not fits:
-            break
-        for group in fits:
-            if time.monotonic() - started + launch_cost(done, group) <= config.time_budget:
+        launched = len(extra)
+        for group in wide_groups(done, config.noisy, config.scaling):
+            if group in cells and time.monotonic() - started + launch_cost(done, group) <= config.time_budget:
                 extra += launch(replace(cells[group], repeat=repeat, sweep=False))
+        if len(extra) == launched:  # nothing wide, or nothing that fits the time left
+            break
     return extra

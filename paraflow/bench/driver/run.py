@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -105,7 +106,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
                 "repeat": config.repeat,
                 "max_repeat": config.max_repeat,
                 "time_budget": config.time_budget,
-                "cells": {g: sum(r.cell.group == g for r in extra) for g in dict.fromkeys(r.cell.group for r in extra)},
+                "cells": dict(Counter(r.cell.group for r in extra)),
             }
     cells = [r.to_dict() for r in cell_results]
     header["commands"] = [c["command"] for c in cells]
