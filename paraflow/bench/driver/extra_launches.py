@@ -16,36 +16,27 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from ..report.intervals import relative_halfwidth
 from ..report.tables_training import training_rows
 from .config import BenchConfig
 from .matrix import Cell
 
-__all__ = ["wide_groups", "launch_cost", "run_extra_launches", "WIDE_MARKS"]
-
-#: The noisy marks that earn a cell another launch (the communication share is not a verdict's).
-WIDE_MARKS = ("step", "samples/s")
-
-
-def _width(row: dict) -> float:
-    """The row's widest relative half-interval of step time and throughput."""
-    return max(
-        relative_halfwidth(row[key], row[f"{key}_low"], row[f"{key}_high"])
-        for key in ("step_ms_median", "samples_per_s")
-        if row.get(key) is not None
-    )
+__all__ = ["wide_groups", "launch_cost", "run_extra_launches"]
 
 
 def wide_groups(cells: list, noisy: float, scaling: tuple) -> list:
-    """Groups (``backend-launcher-processes``) of default training rows with a wide interval, the
-    widest first (so a budget that runs short goes to the cells that need launches most)."""
-    rows, _ = training_rows(cells, tuple(scaling), noisy)
+    """Groups (``backend-launcher-processes``) of default training rows whose step-time or
+    throughput interval is wider than `noisy` (their noisy mark; the communication share is not a
+    verdict's), the widest first, so a budget that runs short goes to the cells that need
+    launches most."""
+    rows, estimates = training_rows(cells, tuple(scaling), noisy)
     widths: dict = {}
-    for row in rows:
-        marks = {mark.strip() for mark in str(row.get("noisy") or "").split(",")}
-        if row.get("setting", "default") == "default" and marks & set(WIDE_MARKS):
+    for row, est in zip(rows, estimates):
+        if not est or row.get("setting", "default") != "default":
+            continue
+        width = max(est["step"].halfwidth, est["x"].halfwidth)
+        if width > noisy:
             group = f"{row['backend']}-{row['launcher']}-{row['processes']}"
-            widths[group] = max(widths.get(group, 0.0), _width(row))
+            widths[group] = max(widths.get(group, 0.0), width)
     return sorted(widths, key=lambda group: -widths[group])
 
 
