@@ -8,7 +8,7 @@ import torch
 from paraflow.bench.report import intervals
 from paraflow.bench.report.compare import compare_runs
 from paraflow.bench.report.tables import format_cell
-from paraflow.bench.report.tables_overhead import overhead_verdict
+from paraflow.bench.report.tables_overhead import aa_floor, overhead_verdict
 from paraflow.bench.report.verdict import compare_pair, training_verdict
 
 
@@ -151,10 +151,22 @@ def test_a_significant_difference_below_the_margin_is_not_called():
         ((0.0, -0.04, 0.04), (0.0, -0.04, 0.04), (0.02, 0.03), "no"),  # its own code alone costs 2%
         ((0.002, -0.003, 0.008), (0.03, 0.02, 0.05), (None, None), "unresolved"),  # the control saw a ghost
         ((0.002, -0.003, 0.008), (0.03, 0.02, 0.05), (0.001, 0.002), "yes"),
+        ((-0.001, -0.004, 0.002), (0.0, -0.005, 0.005), (None, None), "yes"),  # below 1% by 0.5% + its floor
+        ((0.0, -0.004, 0.006), (0.0, -0.005, 0.005), (None, None), "unresolved"),  # 0.6% + 0.5% reaches past 1%
+        # above 1% by its own interval, not once the A/A floor (2.7%) widens it: the direct bound decides
+        ((0.034, 0.014, 0.048), (0.001, -0.027, 0.015), (0.004, 0.0055), "yes"),
+        ((0.034, 0.014, 0.048), (0.001, -0.027, 0.015), (0.004, 0.02), "unresolved"),
+        ((0.06, 0.04, 0.08), (0.001, -0.027, 0.015), (0.004, 0.0055), "no"),  # beyond 1% + 2.7%
     ],
 )
 def test_overhead_verdict_decision_table(paired, control, direct, verdict):
     assert overhead_verdict(paired, control, direct).split(":")[0] == verdict
+
+
+def test_the_aa_floor_is_the_control_end_farthest_from_zero():
+    assert aa_floor((0.001, -0.027, 0.015)) == 0.027
+    assert aa_floor((0.03, 0.02, 0.05)) == 0.05
+    assert aa_floor((0.0, 0.0, 0.0)) == 0.0
 
 
 def test_cells_show_their_intervals_and_the_noisy_mark():

@@ -231,9 +231,16 @@ def test_overhead_row_pairs_rounds_and_checks_the_control():
     assert row["control_overhead"] == 0.0 == row["control_overhead_low"] == row["control_overhead_high"]
     assert row["own_python_us"] == 20.0 and row["late_wait_us"] == 10.0
     assert (row["direct_overhead_low"], row["direct_overhead_high"]) == (0.002, 0.003)
+    assert row["aa_floor"] == 0.0
     assert row["within_target"] == "yes"  # the interval reaches 1% exactly: at or below
     slow = [0.0105] * 40  # +5% every round
     assert build_tables([overhead_cell(2, slow, raw, raw)])["overhead"][0]["within_target"] == "no"
+    # the control 2% off raw: +5% is still above 1% + 2%, +2% is not, and nothing else decides
+    control = [0.0102] * 40
+    (row,) = build_tables([overhead_cell(2, slow, raw, control)])["overhead"]
+    assert row["aa_floor"] == 0.02 and row["within_target"] == "no"
+    (row,) = build_tables([overhead_cell(2, control, raw, control)])["overhead"]
+    assert row["within_target"].startswith("unresolved: the paired interval +2.0%..+2.0% widened by the A/A floor 2.0%")
 
 
 def test_noise_floor_is_the_spread_of_the_a_a_pair():

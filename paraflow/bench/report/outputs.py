@@ -98,9 +98,10 @@ DEFINITIONS = [
     "library and one on a second hand-written copy (the A/A control), in rotating order; paired = median over "
     "rounds of paraflow / raw - 1, control = control / raw - 1, 95% intervals from order statistics over 20 "
     "blocks of rounds; direct = paraflow's own Python per step (profiled) and, above it, plus the bound on late "
-    f"waiting in its polling waits, over the raw step; within {OVERHEAD_TARGET:.0%}: yes when the paired "
-    "interval lies at or below the target (or straddles it and the direct upper bound is below), no when it lies "
-    "above (or the direct lower bound does), unresolved otherwise or when the control finds a difference.",
+    "waiting in its polling waits, over the raw step; A/A floor = the control interval's end farthest from 0; "
+    f"within {OVERHEAD_TARGET:.0%}: yes when the paired interval widened by the A/A floor on both sides lies at "
+    "or below the target (or straddles it and the direct upper bound is below), no when it lies above (or the "
+    "direct lower bound does), unresolved otherwise.",
     "cost model: per backend, launcher and process count, allreduce time T = a(n)·α + b(n)·S/B fitted to the "
     "raw library's sweep times (weighted least squares on relative error; ring for gloo, Open MPI's "
     "Rabenseifner for horovod under mpirun); predicted step = compute (compute_ms, else the median no-sync "

@@ -44,6 +44,7 @@ PERCENT_KEYS = {
     "abstraction_overhead",
     "paired_overhead",
     "control_overhead",
+    "aa_floor",
     "direct_overhead_low",
     "direct_overhead_high",
     "prediction_error",

@@ -135,7 +135,7 @@ def overhead_lines(rows: list) -> list:
             f"paired {row['paired_overhead']:+.2%} "
             f"[{row['paired_overhead_low']:+.2%}, {row['paired_overhead_high']:+.2%}], "
             f"A/A control {row['control_overhead']:+.2%} [{row['control_overhead_low']:+.2%}, "
-            f"{row['control_overhead_high']:+.2%}]"
+            f"{row['control_overhead_high']:+.2%}], A/A floor {row['aa_floor']:.2%}"
         )
         if row.get("direct_overhead_high") is not None:
             detail += f", direct {row['direct_overhead_low']:.2%}..{row['direct_overhead_high']:.2%}"
