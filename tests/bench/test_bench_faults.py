@@ -1,6 +1,7 @@
 """A cell that fails, hangs or loses a rank shows up as a failed cell and the matrix goes on; a
 cell whose interval stays wide is launched again."""
 
+import io
 from pathlib import Path
 
 import pytest
@@ -92,8 +93,14 @@ def test_a_wide_cell_is_launched_again_up_to_max_repeat(tmp_path, rank_env):
     # every interval is wider than noisy=1e-6: every cell is noisy
     config = tiny_config(tmp_path, repeat=2, max_repeat=3, noisy=1e-6, plots=False)
     cells = [Cell("train", "single", "python", 1, 1, TINY, repeat=r) for r in (1, 2)]
-    results = run_bench(config, matrix=Matrix(cells=cells), progress=False)
+    progress = io.StringIO()
+    results = run_bench(config, matrix=Matrix(cells=cells), progress=progress)
     assert [c["id"] for c in results["cells"]] == ["single-python-1-r1", "single-python-1-r2", "single-python-1-r3"]
+    # the extra launch's progress line counts the run's time, not its own from zero
+    (line,) = [x for x in progress.getvalue().splitlines() if x.startswith("[extra: intervals still wide]")]
+    minutes, seconds = line.split()[4].split(":")
+    assert 60 * int(minutes) + int(seconds) >= int(sum(c["elapsed_s"] for c in results["cells"][:2])), line
+    assert line.endswith("launch 3") and " left" not in line, line
     assert all(c["status"] == "ok" for c in results["cells"])
     assert results["header"]["extra_launches"]["cells"] == {"single-python-1": 1}
     (row,) = results["tables"]["training"]

@@ -96,9 +96,10 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         if config.max_repeat > config.repeat:
 
             def launch(cell):
-                if progress:
-                    print(f"extra launch, its intervals still wide: {cell.label}", file=progress, flush=True)
-                return run_cells([cell], config, raw, entry=entry, progress=progress, cluster=cluster)
+                heading = "[extra: intervals still wide]"
+                return run_cells(
+                    [cell], config, raw, entry=entry, progress=progress, cluster=cluster, started=start, heading=heading
+                )
 
             extra = run_extra_launches(matrix.cells, cell_results, config, start, launch)
             cell_results += extra

@@ -263,24 +263,27 @@ def run_cells(
     entry: Callable[[Cell, BenchConfig, Path], list] = worker_entry,
     progress=True,
     cluster=None,
+    started: Optional[float] = None,
+    heading: Optional[str] = None,
 ) -> list:
-    """Run `cells` one after another, printing progress; a failed or hung cell does not stop the rest."""
+    """Run `cells` one after another, printing progress; a failed or hung cell does not stop the rest.
+
+    Progress counts the time from `started` (time.monotonic(); default now), and each line starts
+    with `heading` instead of the launch's place in `cells` when given."""
     progress = sys.stdout if progress is True else (progress or None)
     timeout = config.timeout if timeout is None else timeout
-    results, start, total = [], time.monotonic(), len(cells)
+    results, start, total = [], time.monotonic() if started is None else started, len(cells)
     width, tuning_s = len(str(total)), 0.0
     for i, cell in enumerate(cells, 1):
         elapsed = time.monotonic() - start
+        place = heading or f"[{i:>{width}}/{total}]"
         if cell.options and tuning_s >= config.tune_seconds:
             if progress:
-                print(f"[{i:>{width}}/{total}] not run (tuning budget spent) · {cell.label}", file=progress)
+                print(f"{place} not run (tuning budget spent) · {cell.label}", file=progress)
             continue
         if progress:
-            print(
-                f"[{i:>{width}}/{total}] {_clock(elapsed)} elapsed, {total - i} left · {cell.label}",
-                file=progress,
-                flush=True,
-            )
+            left = "" if heading else f", {total - i} left"
+            print(f"{place} {_clock(elapsed)} elapsed{left} · {cell.label}", file=progress, flush=True)
         result = run_cell(cell, config, raw_dir, timeout, entry, cluster)
         result.probe_ms = round(probe_ms(), 3)
         results.append(result)
