@@ -16,6 +16,7 @@ from ...environment.launchers import launcher_variables
 from ...tools.launch import launch_command, run_launch
 from .config import BenchConfig
 from .matrix import Cell
+from .scratch import launch_scratch
 from .speed_probe import probe_ms
 from .trace_launch import trace_args, trace_env
 
@@ -220,7 +221,8 @@ def run_cell(
         return CellResult(
             cell, [cell.launcher], "failed", f"{type(exc).__name__}: {exc}", time.monotonic() - start, env=env
         )
-    result = run_launch(command, timeout=timeout, env=env)
+    with launch_scratch() as scratch:  # not in the recorded command: the directories are gone after
+        result = run_launch(command, timeout=timeout, env={**env, **scratch})
     return _outcome(cell, command, result, out_dir, timeout, env)
 
 
