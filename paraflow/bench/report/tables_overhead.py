@@ -10,8 +10,8 @@ raw step: what paraflow adds by itself, from below (own Python) and above (plus 
 late-waiting bound). Python run inside polling waits is shown; it costs only through the CPU it
 takes from the library, which the paired comparison sees.
 
-The control is the method's noise floor: two identical loops built side by side differ by a few
-percent here in one launch (where each model's memory landed, which blocks of rounds the machine
+The control is the method's noise floor: two identical loops built side by side can differ by a
+few percent in one launch (where each model's memory landed, which blocks of rounds the machine
 slowed), more than the paired interval, which sees only the rounds' scatter, covers. Paraflow's
 model is one more such instance, so the paired interval is judged widened on both sides by the
 control's farthest interval end from zero (`aa_floor`), as the training verdict judges against
