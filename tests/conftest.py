@@ -87,22 +87,14 @@ def _no_process_left_behind():
 def _open_mpi_files_in_scratch():
     """Open MPI's session directories and shared-memory segments go to scratch directories removed
     after the suite: ranks the tests kill would leave them in /tmp and /dev/shm for good."""
-    import shutil
-    import tempfile
+    from paraflow.bench.driver.scratch import launch_scratch
 
-    from paraflow.bench.driver.scratch import OMPI_SHARED_MEMORY
-
-    places = {"OMPI_MCA_orte_tmpdir_base": None, OMPI_SHARED_MEMORY: "/dev/shm"}
-    made = {
-        key: tempfile.mkdtemp(prefix="pf-tests-", dir=base)
-        for key, base in places.items()
-        if key not in os.environ and (base is None or os.access(base, os.W_OK))
-    }
-    os.environ.update(made)
-    yield
-    for key, path in made.items():
-        os.environ.pop(key, None)
-        shutil.rmtree(path, ignore_errors=True)
+    with launch_scratch(prefix="pf-tests-", tmp_variable="OMPI_MCA_orte_tmpdir_base") as scratch:
+        chosen = {key: value for key, value in scratch.items() if key not in os.environ}
+        os.environ.update(chosen)
+        yield
+        for key in chosen:
+            os.environ.pop(key, None)
 
 
 @pytest.fixture

@@ -23,10 +23,11 @@ _SHM = "/dev/shm"
 
 
 @contextlib.contextmanager
-def launch_scratch(prefix: str = "pf-") -> Iterator[dict]:
-    """Yields the variables that point a launch at fresh scratch directories; removes them on exit."""
+def launch_scratch(prefix: str = "pf-", tmp_variable: str = "TMPDIR") -> Iterator[dict]:
+    """Yields the variables that point a launch at fresh scratch directories (`tmp_variable` at one
+    in the temporary directory, Open MPI's backing directory at one in /dev/shm); removes them on exit."""
     made = [tempfile.mkdtemp(prefix=prefix)]
-    env = {"TMPDIR": made[0]}
+    env = {tmp_variable: made[0]}
     try:
         if OMPI_SHARED_MEMORY not in os.environ and os.access(_SHM, os.W_OK):
             made.append(tempfile.mkdtemp(prefix=prefix, dir=_SHM))
