@@ -233,6 +233,18 @@ def test_the_interval_across_launches_is_students_t_on_the_log_scale():
     assert signed.low == pytest.approx(-4.303 * 0.1 / math.sqrt(3))
 
 
+def test_a_figure_whose_steps_reach_zero_gets_a_linear_interval_not_an_exploding_log_one():
+    """A residual part of the step (step - compute - communication - optimizer) is positive in each
+    launch's median but some of its steps are not: on the log scale those steps' resampled medians
+    near zero made intervals like ±6e15%. It stays on the linear scale, as a signed figure does."""
+    launches = [[0.1, 0.12, 0.0, 0.11, 0.09], [0.08, 0.1, 0.0, 0.09, 0.1], [0.11, 0.09, -0.01, 0.1, 0.12]]
+    est = intervals.estimate(launches, "median", "residual")
+    assert 0.09 <= est.value <= 0.11
+    assert math.isfinite(est.high) and est.high < 0.2 and est.low > 0.0
+    points = torch.tensor([0.1, 0.09, 0.1], dtype=torch.float64)  # each launch's median
+    assert est.low <= float(points.mean()) <= est.high
+
+
 def test_the_results_definitions_name_the_interval_the_tables_use():
     """results.md's definitions say how every interval was made: the t interval across launches
     and its draws, not a method the code no longer uses."""

@@ -146,7 +146,7 @@ def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate
 
     `launches` holds (point, replicates) per launch, replicates being that launch's within-launch
     bootstrap. With two or more launches the interval is the t interval of the launches' points,
-    on the log scale when all are positive (timings vary by factors): mean +- t(n-1) s / sqrt(n),
+    on the log scale when they and every replicate are positive (timings vary by factors): mean +- t(n-1) s / sqrt(n),
     s their standard deviation. Its replicates are draws of that t distribution (a parametric
     bootstrap), so figures derived from several estimates (ratios, efficiency) carry both
     estimates' uncertainty. The variance is at least the launches' mean within-launch bootstrap
@@ -161,11 +161,13 @@ def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate
     value = _median(points)
     count = points.numel()
     if count > 1:
-        log = bool((points > 0).all())
-        data = points.log() if log else points
         within = torch.stack([r for _, r in launches])  # each launch's own bootstrap
+        # the log scale for figures that cannot reach zero: a residual such as the step's "other"
+        # part, positive in every launch but not in all of its resampled steps, stays linear
+        log = bool((points > 0).all()) and bool((within > 0).all())
+        data = points.log() if log else points
         if log:
-            within = within.clamp_min(torch.finfo(torch.float64).tiny).log()
+            within = within.log()
         # never narrower than the launches' own step-to-step uncertainty (3 launches can agree by chance)
         variance = max(float(data.var()), float(within.var(dim=1).mean()))
         center, spread = float(data.mean()), math.sqrt(variance / count)
