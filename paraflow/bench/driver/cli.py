@@ -113,8 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--sweep-rounds",
         type=int,
-        default=4,
-        help="alternating raw / paraflow blocks per sweep size: more resolve paraflow/raw finer (default: 4)",
+        default=12,
+        help="alternating raw / paraflow pairs per sweep size, at least: more resolve paraflow/raw finer (default: 12)",
     )
     p.add_argument(
         "--overhead-steps",

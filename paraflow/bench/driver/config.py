@@ -141,8 +141,8 @@ class BenchConfig:
         collectives: collectives the sweep measures.
         dtypes: element types the sweep measures.
         units: bandwidth unit of the sweep tables and plots, "GB/s" or "Gbit/s".
-        sweep_rounds: alternating raw / paraflow blocks per sweep size (each block about a quarter
-            of the bytes a size moves).
+        sweep_rounds: alternating raw / paraflow pairs (one operation each) per sweep size, at
+            least (small sizes get more: as many as moving about 64 MB takes, up to 40).
         overhead_steps: paraflow/raw/control step rounds for the abstraction overhead.
         overhead_seconds: fewer rounds when they would take longer than about this (at least 60).
         overhead_model: model for the abstraction overhead (default: the first of models).
@@ -187,7 +187,7 @@ class BenchConfig:
     collectives: list = field(default_factory=lambda: ["allreduce"])
     dtypes: list = field(default_factory=lambda: ["float32"])
     units: str = "GB/s"
-    sweep_rounds: int = 4
+    sweep_rounds: int = 12
     overhead_steps: int = 150
     overhead_seconds: float = 8.0
     overhead_model: Optional[ModelSpec] = None

@@ -1,9 +1,11 @@
 """nccl-tests-style collective sweep one rank runs: paraflow's public call beside the raw library's.
 
-For each collective, dtype and size: a warm-up, a barrier, then ROUNDS rounds in which the raw
-library's call and paraflow's public call each run a block of back-to-back operations, the
-order flipping every round (so load that drifts during the sweep hits both alike); a side's
-time per operation is the median over rounds of its block's mean. Then one checked operation per
+For each collective, dtype and size: a warm-up (long enough for paraflow's check to settle into
+the form a repeated call takes), a barrier, then rounds in which the raw library's call and
+paraflow's public call each run once, timed alone, the order flipping every round: load that
+drifts during the sweep hits both alike, and every round is a pair. There are as many rounds as
+the size's operations (about BYTES_PER_SIZE bytes moved), at least `rounds`; a side's time per
+operation is the median over rounds. Then one checked operation per
 side on a known pattern: rank r holds (r + 1) * (i % 13 + 1) at element i, so every expected
 element is a small integer, exact in float32, float16 and bfloat16; elements that differ are
 counted as #wrong. Sizes follow nccl-tests: the whole buffer for allreduce and broadcast, the
@@ -21,16 +23,29 @@ import time
 
 import torch
 
+from ...reliability.check_bundle import BUNDLE_AFTER
 from .train_loop import device_sync
 
-__all__ = ["run_sweep", "iterations_for", "pattern", "expected", "count_wrong", "COLLECTIVES", "DTYPES", "ROUNDS"]
+__all__ = [
+    "run_sweep",
+    "iterations_for",
+    "pattern",
+    "expected",
+    "count_wrong",
+    "COLLECTIVES",
+    "DTYPES",
+    "ROUNDS",
+    "MIN_WARMUP",
+]
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: Roughly this many bytes are moved per size and side, so small messages get many iterations.
 BYTES_PER_SIZE = 64 * 1024**2
 MIN_ITERS, MAX_ITERS = 4, 40
-ROUNDS = 4  # alternating raw / public blocks per size (default)
+ROUNDS = 12  # alternating raw / public pairs per size, at least (default)
+#: Warm-up calls per side, at least: paraflow's check takes its repeated-call form after this many.
+MIN_WARMUP = BUNDLE_AFTER + 1
 
 
 def iterations_for(size_bytes: int) -> int:
@@ -86,12 +101,11 @@ def _calls(collective: str, backend, raw, n: int, count: int, dtype, device) -> 
     return {side: (size, call) for side, call in sides.items() if raw is not None or side != "raw"}
 
 
-def _block(call, buffer, iters: int, device) -> float:
+def _timed(call, buffer, device) -> float:
     start = time.perf_counter()
-    for _ in range(iters):
-        call(buffer)
+    call(buffer)
     device_sync(device)
-    return (time.perf_counter() - start) / iters
+    return time.perf_counter() - start
 
 
 def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup: int, rounds: int) -> list:
@@ -103,16 +117,16 @@ def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup:
     sides = _calls(collective, backend, raw, n, count, dtype, device)
     buffers = {side: torch.zeros(length, dtype=dtype, device=device) for side, (length, _) in sides.items()}
     total_bytes = count * element * (1 if collective in ("allreduce", "broadcast") else n)
-    iters = max(1, iterations_for(total_bytes) // ROUNDS)  # ROUNDS rounds' worth, however many rounds
+    pairs = max(rounds, iterations_for(total_bytes))
     for side, (_, call) in sides.items():
-        for _ in range(warmup):
+        for _ in range(max(warmup, MIN_WARMUP)):
             call(buffers[side])
     device_sync(device)
     backend.barrier()
     times = {side: [] for side in sides}
-    for i in range(rounds):
+    for i in range(pairs):
         for side in list(sides) if i % 2 == 0 else list(sides)[::-1]:
-            times[side].append(_block(sides[side][1], buffers[side], iters, device))
+            times[side].append(_timed(sides[side][1], buffers[side], device))
     rows = []
     for side, (length, call) in sides.items():
         result = call(pattern(rank, length, dtype, device))
@@ -125,7 +139,7 @@ def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup:
                 "dtype": dtype_name,
                 "bytes": total_bytes,
                 "count": count * (1 if collective in ("allreduce", "broadcast") else n),
-                "iters": iters * rounds,
+                "iters": pairs,
                 "time_s": statistics.median(times[side]),
                 "round_s": times[side],
                 "wrong": wrong,

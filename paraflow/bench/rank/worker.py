@@ -60,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sweep-sizes", type=_sizes, default=[], help="comma-separated bytes for the collective sweep")
     p.add_argument("--collectives", default="allreduce", help="comma-separated collectives for the sweep")
     p.add_argument("--dtypes", default="float32", help="comma-separated dtypes for the sweep")
-    p.add_argument("--rounds", type=int, default=4, help="alternating raw / paraflow blocks per sweep size")
+    p.add_argument("--rounds", type=int, default=12, help="alternating raw / paraflow pairs per sweep size, at least")
     p.add_argument("--scaling", default="weak", help="weak, strong or weak,strong")
     p.add_argument("--max-warmup", type=float, default=2.0, help="seconds of warm-up steps, at most")
     p.add_argument("--pin", action="store_true", help="bind this rank to cores of its own")

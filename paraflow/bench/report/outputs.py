@@ -89,10 +89,12 @@ DEFINITIONS = [
     "loss at step --warmup: the loss after --warmup steps, mean over ranks: every launch runs at least those from "
     "the same seed and data, so rows with the same process count should agree.",
     "sweep: nccl-tests style; per size the raw library's call and paraflow's public call (allreduce_, "
-    "broadcast_ in place, allgather returning a list) alternate in blocks; time = median over blocks of the "
-    "slowest rank's mean per operation; algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n "
-    "(allgather, reduce_scatter; size = the whole gathered or scattered buffer), 1 (broadcast); paraflow/raw = "
-    "median over launches of each launch's time ratio; #wrong = elements differing from the exact expected result.",
+    "broadcast_ in place, allgather returning a list) alternate, one operation each per round "
+    "(--sweep-rounds pairs at least, up to 40 for small sizes); time = median over rounds of the slowest "
+    "rank's time; algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, "
+    "reduce_scatter; size = the whole gathered or scattered buffer), 1 (broadcast); paraflow/raw = median "
+    "over rounds of a round's paraflow time over its raw time, then over launches; #wrong = elements "
+    "differing from the exact expected result.",
     "memcpy: size / time of one buffer copy with the threads each rank uses (each byte counted once, like algbw).",
     "abstraction overhead: rounds of one step through paraflow, one on the same loop set up by hand on the raw "
     "library and one on a second hand-written copy (the A/A control), in rotating order; paired = median over "

@@ -1,10 +1,11 @@
 """The collective sweep table (nccl-tests style, paraflow's call beside the raw library's) and memcpy.
 
-Per launch, a size's time is the median over rounds of the slowest rank's block mean; across launches the row
-shows the median with a 95% interval across launches (intervals.py), bandwidths follow from the time
-(algbw = size / time, busbw = algbw x nccl-tests' factor for the collective), and paraflow / raw
-pairs each round's paraflow block with the raw block beside it (median over rounds, then over
-launches), so both sides of a ratio come from the same moments of the same processes.
+Per launch, a size's time is the median over rounds of the slowest rank's time for the round's
+operation; across launches the row shows the median with a 95% interval across launches
+(intervals.py), bandwidths follow from the time (algbw = size / time, busbw = algbw x nccl-tests'
+factor for the collective), and paraflow / raw pairs each round's paraflow operation with the raw
+one beside it (median over rounds, then over launches), so both sides of a ratio come from the
+same moments of the same processes.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def _rows_of(group: str, found: list, ident: dict, copy_bw: dict, unit: str) -> 
                 if side == "public":
                     _put_bw(row, "algbw", size, 1.0, est, UNIT_SCALE[unit])
             row["wrong"] = sum(d["wrong"] for k, d in slot.items() if k != "count")
-            if "public" in times and "raw" in times:  # paired: a round's paraflow block over its raw block
+            if "public" in times and "raw" in times:  # paired: a round's paraflow time over its raw time
                 ratios = [[p / r for p, r in zip(pub, raw)] for pub, raw in zip(times["public"], times["raw"])]
                 _put(row, "vs_raw", intervals.estimate(ratios, "median", "ratio", group, collective, dtype, size), 1, 3)
             busbw = row["busbw"] if row["busbw"] is not None else row["raw_busbw"]
