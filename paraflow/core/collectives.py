@@ -17,7 +17,7 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 
 from ..errors import ConfigurationError
-from ..reliability.check_exchange import exchange
+from ..reliability.check_exchange import exchange, repeat_on_board
 from ..reliability.collective_check import call_site
 from ..reliability.translation import collective_errors, raise_translated
 from .options import REDUCE_OPS
@@ -138,9 +138,14 @@ class Collectives:
             if self.env.world_size == 1:
                 return run(work())
             self.collective_count += 1
+            sequence = self.collective_count
+            if start is not None:  # a loop's repeated call with the board open: the short path
+                result = repeat_on_board(self, sequence, collective, tensor, work, start, site, **arguments)
+                if result is not None:
+                    return result
             outcome = exchange(
                 self,
-                self.collective_count,
+                sequence,
                 collective,
                 tensor,
                 carry=True,

@@ -19,7 +19,8 @@ rank whatever the tensors, so it is safe when they disagree): this rank's descri
 Once every rank has agreed on the same call BUNDLE_AFTER times in a row, no frame is sent:
 ranks of one host post their descriptors in shared memory and the repeated collective is the
 barrier (:mod:`paraflow.reliability.check_board`); ranks on several hosts over gloo carry them
-in the repeated allreduce itself (:mod:`paraflow.reliability.check_bundle`).
+in the repeated allreduce itself (:mod:`paraflow.reliability.check_bundle`). The repeated call
+itself, made again with the board open, takes a short path (``repeat_on_board``).
 
 Overlapping needs the backend's asynchronous hooks (``_start_allgather``, ``_start_allreduce``,
 ``_start_broadcast``, each returning a function that waits and gives the result); without them
@@ -36,7 +37,7 @@ from typing import Callable, Optional
 import torch
 
 from .check_board import board_for, on_board
-from .check_bundle import bundle_spec, bundled, forget_agreed, note_agreed, repeated_call
+from .check_bundle import BUNDLE_AFTER, bundle_spec, bundled, forget_agreed, note_agreed, repeated_call
 from .collective_check import (
     _COMPARED_BYTES,
     _DESCRIPTOR_BYTES,
@@ -51,7 +52,7 @@ from .collective_check import (
 )
 from .debug import debug_enabled, trace
 
-__all__ = ["exchange", "Outcome", "FRAME_NAME"]
+__all__ = ["exchange", "repeat_on_board", "Outcome", "FRAME_NAME"]
 
 #: The frame's collective name where the library matches collectives by name (horovod).
 FRAME_NAME = "paraflow.check"
@@ -199,6 +200,45 @@ def exchange(
     _forget_agreements(backend)
     descriptors = [_Descriptor(row[:_DESCRIPTOR_BYTES].cpu().view(torch.int64).tolist()) for row in rows]
     raise mismatch_error(collective, backend.rank, descriptors)
+
+
+def repeat_on_board(
+    backend,
+    sequence: int,
+    collective: str,
+    tensor: torch.Tensor,
+    work: Callable[[], torch.Tensor],
+    start: Callable[[torch.Tensor], Callable],
+    site: str,
+    op: Optional[str] = None,
+    src: Optional[int] = None,
+):
+    """The result of the call every rank agreed on BUNDLE_AFTER times in a row, made again with the
+    board open (a loop's steady state), or None when this is not that call (``exchange`` decides).
+
+    The same check as ``exchange``'s board branch (every rank posts, the collective runs, every
+    rank reads every descriptor), without the steps that only other calls need: on this machine
+    each layer a call passes costs microseconds when it runs right after a collective's wait.
+    `work()` gives the tensor the collective runs on (`tensor` or a copy), `start(work())` starts it
+    and returns the function that waits for its result.
+    """
+    board, agreed = getattr(backend, "_check_board", None), getattr(backend, "_agreed_run", None)
+    if not board or agreed is None or agreed[1] is None or agreed[2] < BUNDLE_AFTER:
+        return None  # no board yet, no repeated call, or one that rides in the frame
+    if getattr(backend, "_traced", True):
+        return None  # PARAFLOW_DEBUG traces every descriptor: exchange() does
+    static, key, _, _, spec = _call_facts(collective, tensor.dtype, tensor.shape, op, src, site, True)
+    if key != agreed[0]:
+        return None
+    words = list(static)
+    words[2] = sequence
+    try:
+        finish = on_board(backend, board, spec, words, lambda: start(work()))
+    except Exception:
+        _forget_agreements(backend)
+        raise
+    backend._agreed_run = (key, spec, agreed[2] + 1)
+    return finish()
 
 
 def _forget_agreements(backend) -> None:

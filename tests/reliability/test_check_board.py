@@ -85,3 +85,43 @@ def test_agree_is_true_only_when_every_rank_posted_the_same_call():
     b1.post(9 + SLOTS, words(9 + SLOTS, op=3))
     b0.post(9 + SLOTS, words(9 + SLOTS))
     assert not b0.agree(9 + SLOTS)
+
+
+def repeating_backend(board, calls: int):
+    """Rank 0 of two, its board open, after `calls` agreed allreduces of float32[5000] (sum)."""
+    from paraflow.reliability.check_exchange import _call_facts
+
+    _, key, _, _, spec = _call_facts("allreduce", torch.float32, torch.Size([5000]), "sum", None, "t.py:1", True)
+    backend = fake_backend(0)
+    backend._check_board, backend._agreed_run, backend._traced = board, (key, spec, calls), False
+    return backend
+
+
+def test_the_repeated_call_takes_the_short_path_and_keeps_the_check():
+    from paraflow.reliability.check_bundle import BUNDLE_AFTER
+    from paraflow.reliability.check_exchange import repeat_on_board
+
+    b0, b1 = boards()
+    mine = torch.ones(5000)
+    backend = repeating_backend(b0, BUNDLE_AFTER)
+    start = backend._start_allreduce
+
+    def call(sequence, tensor=mine, op="sum"):
+        starts = lambda work: start(work, op)  # noqa: E731
+        return repeat_on_board(backend, sequence, "allreduce", tensor, lambda: tensor, starts, "t.py:2", op)
+
+    b1.post(21, words(21))
+    assert call(21) is mine and backend._agreed_run[2] == BUNDLE_AFTER + 1  # one more agreement
+    assert call(22, torch.ones(6000)) is None  # another call: exchange() decides
+    assert call(22, op="max") is None
+    backend._agreed_run = (*backend._agreed_run[:2], BUNDLE_AFTER - 1)
+    assert call(22) is None  # not yet repeated often enough
+    backend._agreed_run = (*backend._agreed_run[:2], BUNDLE_AFTER)
+    backend._traced = True
+    assert call(22) is None  # PARAFLOW_DEBUG: every descriptor is traced by exchange()
+    backend._traced = False
+    b1.post(22, words(22, collective="broadcast"))
+    with pytest.raises(CollectiveError, match="ranks called different collectives"):
+        call(22)
+    assert backend._agreed_run is None  # after a mismatch nothing agreed before takes a short path
+    assert call(23) is None
