@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -32,10 +33,18 @@ requires_horovod = pytest.mark.skipif(_HOROVOD_MISSING is not None, reason=f"nee
 
 
 def launch(launcher: str, nproc: int, script: list, timeout: float = 120, env: dict | None = None):
-    """Run `script` under `launcher` with `nproc` processes; fail the test on timeout."""
+    """Run `script` under `launcher` with `nproc` processes; fail the test on timeout.
+
+    A torchrun launch gets a TMPDIR of its own, removed after it: its agent's ``torchelastic_*``
+    log directory would otherwise stay in /tmp after every launch."""
+    from paraflow.bench.driver.scratch import launch_scratch
+
     extra = {**RANK_ENV, **(env or {})}
     cmd = launch_command(launcher, nproc, [str(s) for s in script], env_keys=list(extra))
-    result = run_launch(cmd, timeout=timeout, env=extra, cwd=str(ROOT))
+    scratch = launch_scratch(prefix="pf-tests-torchrun-") if launcher == "torchrun" else contextlib.nullcontext({})
+    with scratch as directories:
+        tmp = {key: value for key, value in directories.items() if key == "TMPDIR" and key not in extra}
+        result = run_launch(cmd, timeout=timeout, env={**extra, **tmp}, cwd=str(ROOT))
     assert not result.timed_out, f"timed out after {timeout}s: {' '.join(cmd)}\n{result.stderr[-3000:]}"
     return result
 
