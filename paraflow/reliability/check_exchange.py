@@ -37,7 +37,7 @@ from typing import Callable, Optional
 import torch
 
 from .check_board import board_for, on_board
-from .check_bundle import BUNDLE_AFTER, bundle_spec, bundled, forget_agreed, note_agreed, repeated_call
+from .check_bundle import bundle_spec, bundled, forget_agreed, note_agreed, repeated_call
 from .collective_check import (
     _COMPARED_BYTES,
     _DESCRIPTOR_BYTES,
@@ -222,13 +222,13 @@ def repeat_on_board(
     `work()` gives the tensor the collective runs on (`tensor` or a copy), `start(work())` starts it
     and returns the function that waits for its result.
     """
-    board, agreed = getattr(backend, "_check_board", None), getattr(backend, "_agreed_run", None)
-    if not board or agreed is None or agreed[1] is None or agreed[2] < BUNDLE_AFTER:
-        return None  # no board yet, no repeated call, or one that rides in the frame
+    repeated, board = repeated_call(backend), getattr(backend, "_check_board", None)
+    if repeated is None or not board:
+        return None  # no repeated call yet (or one that rides in the frame), or no board
     if getattr(backend, "_traced", True):
         return None  # PARAFLOW_DEBUG traces every descriptor: exchange() does
     static, key, _, _, spec = _call_facts(collective, tensor.dtype, tensor.shape, op, src, site, True)
-    if key != agreed[0]:
+    if key != repeated[0]:
         return None
     words = list(static)
     words[2] = sequence
@@ -237,7 +237,7 @@ def repeat_on_board(
     except Exception:
         _forget_agreements(backend)
         raise
-    backend._agreed_run = (key, spec, agreed[2] + 1)
+    note_agreed(backend, key, spec)
     return finish()
 
 

@@ -146,11 +146,12 @@ def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate
 
     `launches` holds (point, replicates) per launch, replicates being that launch's within-launch
     bootstrap. With two or more launches the interval is the t interval of the launches' points,
-    on the log scale when they and every replicate are positive (timings vary by factors): mean +- t(n-1) s / sqrt(n),
-    s their standard deviation. Its replicates are draws of that t distribution (a parametric
-    bootstrap), so figures derived from several estimates (ratios, efficiency) carry both
-    estimates' uncertainty. The variance is at least the launches' mean within-launch bootstrap
-    variance, so launches that agree by chance do not make a zero-width interval. A percentile
+    on the log scale when they and every replicate are positive (timings vary by factors):
+    mean +- t(n-1) s / sqrt(n), s their standard deviation. Its replicates are draws of that t
+    distribution (a parametric bootstrap), so figures derived from several estimates (ratios,
+    efficiency) carry both estimates' uncertainty. The variance is at least the launches' mean
+    within-launch bootstrap variance, so launches that agree by chance do not make a zero-width
+    interval. A percentile
     bootstrap over so few launches cannot do this: with 3 it spans at most their extremes, which
     hold the median only 75% of the time. One launch: its own within-launch bootstrap (its steps
     alone, which say nothing of a rerun).
