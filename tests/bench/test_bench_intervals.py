@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from paraflow.bench.report import intervals
-from paraflow.bench.report.compare import compare_runs
+from paraflow.bench.report.compare import compare_runs, report, shared_shift
 from paraflow.bench.report.tables import format_cell
 from paraflow.bench.report.tables_overhead import aa_floor, overhead_verdict
 from paraflow.bench.report.verdict import compare_pair, training_verdict
@@ -185,9 +185,9 @@ def test_cells_show_their_intervals_and_the_noisy_mark():
     assert format_cell("samples_per_s", {"samples_per_s": 12.0}) == "12"
 
 
-def _results(step, low, high, claims):
-    row = {
-        **_row("ddp-gloo", "torchrun"),
+def _training_row(backend, step, low, high):
+    return {
+        **_row(backend, "torchrun"),
         "step_ms_median": step,
         "step_ms_median_low": low,
         "step_ms_median_high": high,
@@ -195,6 +195,10 @@ def _results(step, low, high, claims):
         "samples_per_s_low": 1000 / high,
         "samples_per_s_high": 1000 / low,
     }
+
+
+def _results(step, low, high, claims):
+    row = _training_row("ddp-gloo", step, low, high)
     return {"tables": {"training": [row]}, "verdict": [{"claim": c} for c in claims]}
 
 
@@ -335,3 +339,43 @@ def test_a_row_beaten_by_any_faster_row_is_slower_even_if_the_fastest_is_too_loo
         == "mlp, 2 processes: fastest ddp-gloo · torchrun = horovod · horovodrun; slower: fsdp · torchrun"
     )
     assert "fsdp · torchrun is slower than ddp-gloo · torchrun" in entry["text"]
+
+
+def _shifted_run(steps, half=0.02):
+    """Results whose rows (one per backend) have these step times, each with a +-`half` interval."""
+    rows = [_training_row(f"b{i}", s, s * (1 - half), s * (1 + half)) for i, s in enumerate(steps)]
+    return {"tables": {"training": rows}, "verdict": []}
+
+
+STEPS = [10.0, 12.0, 8.0, 20.0, 5.0, 7.0, 9.0, 3.0, 15.0, 4.0, 6.0, 11.0]
+
+
+def test_a_shift_every_figure_shares_is_found_and_taken_out():
+    a, b = _shifted_run(STEPS), _shifted_run([s * 0.9 for s in STEPS])  # the machine 10% faster in B, nothing else
+    result = compare_runs(a, b)
+    shift = result["shift"]
+    assert shift["ratio"] == pytest.approx(0.9) and shift["figures"] == len(STEPS)
+    assert shift["low"] == pytest.approx(0.9) and shift["high"] == pytest.approx(0.9)
+    assert not result["agree"]  # every median outside the other's ±2% interval as measured
+    assert shift["outside"] == 0  # and none once B is scaled back: samples/s move the other way
+    text = report("A", "B", result)
+    assert "B's step times are a median 10.0% shorter than A's over 12 figures (×0.900" in text
+    assert "0 median(s) lie outside the other run's interval (24 as measured)" in text
+
+
+def test_what_one_cell_changes_beyond_the_shared_shift_stays_outside():
+    slower = [s * 1.05 for s in STEPS]
+    slower[3] = STEPS[3] * 1.25  # one cell 20% slower than the rest's shift
+    shift = compare_runs(_shifted_run(STEPS), _shifted_run(slower))["shift"]
+    assert shift["ratio"] == pytest.approx(1.05)
+    assert shift["outside"] == 2  # that cell's step time and samples/s
+    assert shift["low"] <= 1.05 <= shift["high"] < 1.25  # order statistics: one cell cannot move it
+
+
+def test_few_figures_say_their_lower_coverage_and_none_say_nothing():
+    result = compare_runs(_shifted_run([10.0, 12.0]), _shifted_run([11.0, 13.0]))
+    assert result["shift"]["coverage"] < 0.95
+    assert "% coverage)" in report("A", "B", result)
+    assert shared_shift([]) is None
+    empty = compare_runs(_shifted_run([]), _shifted_run([]))
+    assert empty["shift"] is None and "Shared shift" not in report("A", "B", empty)

@@ -11,6 +11,12 @@ by chance even when nothing changed. So each figure also gets Welch's t test of 
 log values (their centres and standard errors recovered from the t intervals and launch counts),
 and the p-values are adjusted for the number of figures (Holm): a figure *differs* when the
 adjusted p-value is below 5%, which, when nothing changed, happens in at most 1 run pair in 20.
+
+Then the shift both runs' figures share: B's step time over A's, the median over every step-time
+figure both runs have, with its distribution-free 95% interval (order statistics), and how many
+medians still lie outside the other run's interval once B is scaled back by it. A machine that ran
+faster or slower during one run moves every figure alike, and launches within one run cannot
+show it (they share it); what remains outside after the shift is what differs cell by cell.
 """
 
 from __future__ import annotations
@@ -22,13 +28,15 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import ConfigurationError
-from .intervals import t975
+from .intervals import binomial_interval, median, t975
 from .student import holm, two_sided_p
 
 __all__ = ["load_results", "compare_runs", "compare_main"]
 
 _KEY = ("model", "scaling", "backend", "launcher", "processes")
 FIGURES = {"step_ms_median": "step ms", "samples_per_s": "samples/s"}
+#: How each figure moves when every step takes `shift` times as long: shift ** power.
+_POWER = {"step_ms_median": 1, "samples_per_s": -1}
 
 
 def load_results(path: str) -> dict:
@@ -112,7 +120,48 @@ def compare_runs(a: dict, b: dict) -> dict:
         "consistent": not differ,
         "differ": differ,
         "probe": _probes(a, b),
+        "shift": shared_shift(rows),
     }
+
+
+def _agree_after(entry: dict, key: str, shift: float) -> bool:
+    """Each run's median inside the other's interval once B's figure is scaled back by `shift`."""
+    (va, la, ha), (vb, lb, hb) = entry[key]["a"], entry[key]["b"]
+    if va is None or vb is None:
+        return False
+    scale = shift ** _POWER[key]
+    return _inside(vb / scale, la, ha) and _inside(va * scale, lb, hb)
+
+
+def shared_shift(rows: list) -> Optional[dict]:
+    """B's step time over A's as most figures share it: {"ratio" (the median over the step-time
+    figures), "low", "high", "coverage" (order statistics; below 95% with 5 figures or fewer),
+    "figures", "outside" (medians outside the other run's interval with B scaled back by it)},
+    or None when no step time is in both runs."""
+    ratios = []
+    for e in rows:
+        (va, _, _), (vb, _, _) = e["step_ms_median"]["a"], e["step_ms_median"]["b"]
+        if va and vb and va > 0 and vb > 0:
+            ratios.append(vb / va)
+    if not ratios:
+        return None
+    ratio = median(ratios)
+    low, high, coverage = binomial_interval(ratios)
+    outside = sum(not _agree_after(e, key, ratio) for e in rows for key in FIGURES)
+    return {"ratio": ratio, "low": low, "high": high, "coverage": coverage, "figures": len(ratios), "outside": outside}
+
+
+def _shift_line(shift: dict, measured: int) -> str:
+    ratio = shift["ratio"]
+    way = "longer" if ratio > 1 else "shorter"
+    cover = "" if shift["coverage"] >= 0.95 else f", {shift['coverage']:.0%} coverage"
+    return (
+        f"Shared shift: B's step times are a median {abs(ratio - 1):.1%} {way} than A's over "
+        f"{shift['figures']} figures (×{ratio:.3f} [{shift['low']:.3f}–{shift['high']:.3f}], order "
+        f"statistics{cover}); with B scaled back by it, {shift['outside']} median(s) lie outside the "
+        f"other run's interval ({measured} as measured). A shift every cell shares is most often the "
+        "machine's; what remains outside differs cell by cell."
+    )
 
 
 def _probes(a: dict, b: dict) -> Optional[dict]:
@@ -161,6 +210,8 @@ def report(a_name: str, b_name: str, result: dict) -> str:
             f"during B the machine itself was {pace} during A.",
         ]
     disagree = sum(not e[k]["agree"] for e in result["rows"] for k in FIGURES)
+    if result.get("shift"):
+        lines += ["", _shift_line(result["shift"], disagree)]
     lines += [
         "",
         f"{'AGREE' if result['agree'] else 'DISAGREE'}: {disagree} median(s) outside the other run's interval, "
