@@ -96,7 +96,7 @@ def compare_runs(a: dict, b: dict) -> dict:
         entry = {k: ra.get(k) for k in _KEY}
         for key in FIGURES:
             (va, la, ha), (vb, lb, hb) = _interval(ra, key), _interval(rb, key)
-            entry[key] = {"a": [va, la, ha], "b": [vb, lb, hb], "agree": _inside(vb, la, ha) and _inside(va, lb, hb)}
+            entry[key] = {"a": [va, la, ha], "b": [vb, lb, hb], "agree": _agree([va, la, ha], [vb, lb, hb])}
             ea, eb = _log_normal(va, la, ha, ra.get("launches")), _log_normal(vb, lb, hb, rb.get("launches"))
             entry[key]["p"] = welch_p(ea, eb) if ea and eb else None
         rows.append(entry)
@@ -124,12 +124,12 @@ def compare_runs(a: dict, b: dict) -> dict:
     }
 
 
-def _agree_after(entry: dict, key: str, shift: float) -> bool:
-    """Each run's median inside the other's interval once B's figure is scaled back by `shift`."""
-    (va, la, ha), (vb, lb, hb) = entry[key]["a"], entry[key]["b"]
+def _agree(a: list, b: list, scale: float = 1.0) -> bool:
+    """Each run's median inside the other's interval ([value, low, high] each), B's figure scaled
+    back by `scale` first."""
+    (va, la, ha), (vb, lb, hb) = a, b
     if va is None or vb is None:
         return False
-    scale = shift ** _POWER[key]
     return _inside(vb / scale, la, ha) and _inside(va * scale, lb, hb)
 
 
@@ -147,7 +147,7 @@ def shared_shift(rows: list) -> Optional[dict]:
         return None
     ratio = median(ratios)
     low, high, coverage = binomial_interval(ratios)
-    outside = sum(not _agree_after(e, key, ratio) for e in rows for key in FIGURES)
+    outside = sum(not _agree(e[key]["a"], e[key]["b"], ratio ** _POWER[key]) for e in rows for key in FIGURES)
     return {"ratio": ratio, "low": low, "high": high, "coverage": coverage, "figures": len(ratios), "outside": outside}
 
 
@@ -159,8 +159,8 @@ def _shift_line(shift: dict, measured: int) -> str:
         f"Shared shift: B's step times are a median {abs(ratio - 1):.1%} {way} than A's over "
         f"{shift['figures']} figures (×{ratio:.3f} [{shift['low']:.3f}–{shift['high']:.3f}], order "
         f"statistics{cover}); with B scaled back by it, {shift['outside']} median(s) lie outside the "
-        f"other run's interval ({measured} as measured). A shift every cell shares is most often the "
-        "machine's; what remains outside differs cell by cell."
+        f"other run's interval ({measured} as measured). A shift every cell shares points at the "
+        "machine or the whole run, not at one backend; what remains outside differs cell by cell."
     )
 
 
