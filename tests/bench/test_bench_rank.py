@@ -197,3 +197,25 @@ def test_overhead_rounds_fit_the_time_budget_on_the_slowest_rank():
     assert rounds_within(Backend(), 240, 0.05, 100.0) == 240  # never more than asked
     assert rounds_within(Backend(), 240, 0.05, 1.0) == MIN_ROUNDS  # never fewer than 20 blocks of 3
     assert rounds_within(Backend(), 6, 0.05, 1.0) == 6  # unless fewer were asked
+
+
+def test_overhead_models_are_built_and_stepped_in_shuffled_orders_the_same_on_every_rank():
+    """Identical models step at different speeds by where their memory landed (the first built was
+    often the slowest): each side gets INSTANCES of them, built and stepped in shuffled orders that
+    every rank draws alike from the seed (DDP's and horovod's steps are collectives)."""
+    import random
+
+    from paraflow.bench.rank.overhead import INSTANCES, SIDES, build_order, step_orders
+    from paraflow.bench.report.outputs import DEFINITIONS
+
+    everyone = sorted((side, j) for side in SIDES for j in range(INSTANCES))
+    assert INSTANCES > 1
+    builds = [build_order(random.Random(seed)) for seed in range(20)]
+    assert all(sorted(order) == everyone for order in builds)  # every model once
+    assert build_order(random.Random(7)) == build_order(random.Random(7))  # alike on every rank
+    assert {order[0][0] for order in builds} == set(SIDES)  # no side always built first
+    rounds = step_orders(random.Random(3), 30)
+    assert rounds == step_orders(random.Random(3), 30) and len(rounds) == 30
+    assert all(sorted(order) == everyone for order in rounds)
+    assert len({tuple(order) for order in rounds}) > 20  # a fresh order each round
+    assert any(f"{INSTANCES} models" in line for line in DEFINITIONS)  # results.md says how many

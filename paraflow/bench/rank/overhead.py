@@ -1,11 +1,16 @@
 """Abstraction overhead, per rank: the same step through paraflow and by hand, interleaved.
 
 The raw library is set up first (init_process_group or hvd.init), then paraflow joins the job
-it started. Three identical models (same seed) are trained in turn with the same step function:
-one built by paraflow (wrap_model, wrap_optimizer) and two by hand (the backend's ``raw_loop``);
-the second hand-built one is an A/A control, a measurement that must find no difference. Each
-round runs one step of each side, in an order that cycles through all six, and every step is
-timed after a device sync. The rounds give paired ratios (paraflow / raw, control / raw).
+it started. Three sides train identical models (same seed) with the same step function: paraflow
+(wrap_model, wrap_optimizer), raw (the backend's ``raw_loop``, by hand) and an A/A control (a
+second raw loop: a measurement that must find no difference). Each side has INSTANCES models,
+built in a shuffled order, and each round steps every instance once in a shuffled order (the
+same shuffles on every rank, from the seed); every step is timed after a device sync. Instance
+j of paraflow against instance j of raw in the same round is a pair: the rounds give paired
+ratios (paraflow / raw, control / raw). Several instances per side, because identical models
+step at different speeds by where their tensors landed in memory: one per side, paraflow's built
+first, had put about 1-3 % on paraflow (DDP at one process, four models built in turn, the first
+built the slowest in most of six launches).
 
 Then a few more paraflow steps run under a profiler that measures, directly, the time spent in
 paraflow's own Python per step (ownprofile.py), and how late each bounded wait noticed that the
@@ -14,7 +19,8 @@ library had finished.
 
 from __future__ import annotations
 
-import itertools
+import math
+import random
 import statistics
 import time
 from typing import Callable, Optional
@@ -26,19 +32,31 @@ from ..driver.config import ModelSpec
 from .ownprofile import profile_own_code
 from .train_loop import LEARNING_RATE, device_sync, make_batches, make_step
 
-__all__ = ["run_overhead", "rounds_within", "SIDES", "ORDERS", "MIN_ROUNDS"]
+__all__ = ["run_overhead", "rounds_within", "build_order", "step_orders", "SIDES", "INSTANCES", "MIN_ROUNDS"]
 
 SIDES = ("paraflow", "raw", "control")
-ORDERS = list(itertools.permutations(SIDES))  # each side first, second and last equally often
+#: Models per side (see the module docstring).
+INSTANCES = 3
 
-
-#: Fewest rounds a time budget may leave: 20 blocks of 3.
+#: Fewest pairs a time budget may leave: 20 blocks of 3.
 MIN_ROUNDS = 60
 
 
+def build_order(rng: random.Random) -> list:
+    """(side, instance) of every model, in the order they are built."""
+    order = [(side, j) for side in SIDES for j in range(INSTANCES)]
+    rng.shuffle(order)
+    return order
+
+
+def step_orders(rng: random.Random, rounds: int) -> list:
+    """Per round, (side, instance) of every model in the order they step."""
+    return [build_order(rng) for _ in range(rounds)]
+
+
 def rounds_within(backend, asked: int, round_s: float, max_seconds: float) -> int:
-    """Rounds to run: `asked`, or as many as fit in `max_seconds` at the slowest rank's `round_s`
-    (never fewer than MIN_ROUNDS or more than asked); the same on every rank."""
+    """Pairs to run: `asked`, or as many as fit in `max_seconds` at the slowest rank's `round_s`
+    (one step of each side; never fewer than MIN_ROUNDS or more than asked); the same on every rank."""
     slowest = float(backend.allreduce(torch.tensor([round_s], dtype=torch.float64), op="max").item())
     fit = int(max_seconds / max(slowest, 1e-6))
     return min(asked, max(MIN_ROUNDS, fit))
@@ -61,16 +79,17 @@ def run_overhead(
     max_seconds: float = 20.0,
     after_init: Optional[Callable[[], None]] = None,
 ) -> dict:
-    """Time `pairs` rounds of paraflow / raw / control steps of `spec` (fewer when they would take
-    longer than about `max_seconds`, at least MIN_ROUNDS); returns this rank's numbers.
-    `after_init` runs once both the raw library and paraflow have started (the benchmark pins there)."""
+    """Time `pairs` paraflow / raw / control steps of `spec` each (fewer when they would take
+    longer than about `max_seconds`, at least MIN_ROUNDS; rounded up to whole rounds of INSTANCES),
+    returns this rank's numbers. `after_init` runs once both the raw library and paraflow have
+    started (the benchmark pins there)."""
     import paraflow
 
     from ...core.registry import spec as registered
 
     registration = registered(backend_name)
     raw = registration.load().raw_loop(**registration.presets)
-    control = registration.load().raw_loop(**registration.presets)
+    loops = {"raw": raw, "control": registration.load().raw_loop(**registration.presets)}
     if raw is None:
         raise paraflow.ConfigurationError(f"backend {backend_name!r} has no hand-written loop to compare with.")
     raw.init()
@@ -79,35 +98,38 @@ def run_overhead(
         after_init()
     try:
         device = backend.device
+        plan = random.Random(seed)  # the same builds and steps in the same order on every rank
         batches = {side: make_batches(backend, data, batch_size, seed) for side in SIDES}
         _, in_shape, classes = batches["raw"]
-        model_pf = backend.wrap_model(_model(spec, in_shape, classes, seed))
-        opt_pf = backend.wrap_optimizer(
-            torch.optim.SGD(model_pf.parameters(), lr=LEARNING_RATE, momentum=0.9), model_pf
-        )
-        model_raw, opt_raw = raw.wrap(_model(spec, in_shape, classes, seed), device, LEARNING_RATE)
-        model_aa, opt_aa = control.wrap(_model(spec, in_shape, classes, seed), device, LEARNING_RATE)
-        steps = {
-            "paraflow": make_step(model_pf, opt_pf, device),
-            "raw": make_step(model_raw, opt_raw, device),
-            "control": make_step(model_aa, opt_aa, device),
-        }
+        steps, wrappers = {}, {}
+        for side, j in build_order(plan):
+            if side == "paraflow":
+                model = backend.wrap_model(_model(spec, in_shape, classes, seed))
+                optimizer = backend.wrap_optimizer(
+                    torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model
+                )
+            else:
+                model, optimizer = loops[side].wrap(_model(spec, in_shape, classes, seed), device, LEARNING_RATE)
+            steps[side, j] = make_step(model, optimizer, device)
+            wrappers[side] = f"{type(model).__name__} / {type(optimizer).__name__}"
 
-        def run(side: str) -> float:
+        def run(instance: tuple) -> float:
             t0 = time.perf_counter()
-            steps[side](*next(batches[side][0]))
+            steps[instance](*next(batches[instance[0]][0]))
             device_sync(device)
             return time.perf_counter() - t0
 
-        warm_rounds = [sum(run(side) for side in SIDES) for _ in range(max(warmup, 10))]
-        rounds = rounds_within(backend, pairs, statistics.median(warm_rounds[len(warm_rounds) // 2 :]), max_seconds)
+        warm_rounds = [sum(run(i) for i in order) / INSTANCES for order in step_orders(plan, max(warmup, 10))]
+        count = rounds_within(backend, pairs, statistics.median(warm_rounds[len(warm_rounds) // 2 :]), max_seconds)
         backend.barrier()
-        times = {side: [] for side in SIDES}
-        for i in range(rounds):
-            for side in ORDERS[i % len(ORDERS)]:
-                times[side].append(run(side))
+        times = {side: [[] for _ in range(INSTANCES)] for side in SIDES}
+        for order in step_orders(plan, math.ceil(count / INSTANCES)):
+            for side, j in order:
+                times[side][j].append(run((side, j)))
         backend.barrier()
-        own = profile_own_code(lambda: run("paraflow"), profile_steps)
+        # pair k of a side: instance k % INSTANCES in round k // INSTANCES
+        times = {side: [t for row in zip(*times[side]) for t in row] for side in SIDES}
+        own = profile_own_code(lambda: run(("paraflow", 0)), profile_steps)
         backend.barrier()
         result = {
             "rank": backend.rank,
@@ -116,15 +138,16 @@ def run_overhead(
             "library": raw.library,
             "model": spec.label,
             "model_spec": str(spec),
-            "pairs": rounds,
+            "pairs": len(times["paraflow"]),
             "rounds_asked": pairs,
+            "instances": INSTANCES,
             "warmup": max(warmup, 10),
             "paraflow_step_s": times["paraflow"],
             "raw_step_s": times["raw"],
             "control_step_s": times["control"],
             **own,
-            "paraflow_wrapper": f"{type(model_pf).__name__} / {type(opt_pf).__name__}",
-            "raw_wrapper": f"{type(model_raw).__name__} / {type(opt_raw).__name__}",
+            "paraflow_wrapper": wrappers["paraflow"],
+            "raw_wrapper": wrappers["raw"],
         }
     finally:
         backend.shutdown()

@@ -96,10 +96,11 @@ DEFINITIONS = [
     "over rounds of a round's paraflow time over its raw time, then over launches; #wrong = elements "
     "differing from the exact expected result.",
     "memcpy: size / time of one buffer copy with the threads each rank uses (each byte counted once, like algbw).",
-    "abstraction overhead: rounds of one step through paraflow, one on the same loop set up by hand on the raw "
-    "library and one on a second hand-written copy (the A/A control), in rotating order; paired = median over "
-    "rounds of paraflow / raw - 1, control = control / raw - 1, 95% intervals from order statistics over 20 "
-    "blocks of rounds; direct = paraflow's own Python per step (profiled) and, above it, plus the bound on late "
+    "abstraction overhead: one step through paraflow, one on the same loop set up by hand on the raw library and "
+    "one on a second hand-written copy (the A/A control), each side with 3 models built and stepped in shuffled "
+    "order; paired = median over pairs (model j of each side in one round) of paraflow / raw - 1, control = "
+    "control / raw - 1, 95% intervals from order statistics over 20 blocks of pairs; direct = paraflow's own "
+    "Python per step (profiled) and, above it, plus the bound on late "
     "waiting in its polling waits, over the raw step; A/A floor = the control interval's end farthest from 0; "
     f"within {OVERHEAD_TARGET:.0%}: yes when the paired interval widened by the A/A floor on both sides lies at "
     "or below the target (or straddles it and the direct upper bound is below), no when it lies above (or the "

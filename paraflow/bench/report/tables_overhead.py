@@ -1,10 +1,10 @@
 """The abstraction overhead table: paraflow against the same loop written by hand, and a verdict.
 
-Per round (one paraflow, one raw and one control step, back to back; the slowest rank's time
-each): paired overhead = paraflow / raw - 1, control = control / raw - 1, where the control is
-a second hand-written loop, so its overhead is zero by construction and shows what the method
-calls a difference when there is none. Intervals: exact order statistics over the medians of
-BLOCKS consecutive blocks of rounds (intervals.binomial_interval). Direct: paraflow's own Python
+Per pair (instance j of the paraflow, raw and control sides, one step each in the same round;
+the slowest rank's time each): paired overhead = paraflow / raw - 1, control = control / raw - 1,
+where the control is a second hand-written loop, so its overhead is zero by construction and
+shows what the method calls a difference when there is none. Intervals: exact order statistics
+over the medians of BLOCKS consecutive blocks of pairs (intervals.binomial_interval). Direct: paraflow's own Python
 per step outside its polling waits and the bound on late waiting (ownprofile.py), over the median
 raw step: what paraflow adds by itself, from below (own Python) and above (plus the whole
 late-waiting bound). Python run inside polling waits is shown; it costs only through the CPU it
@@ -12,10 +12,10 @@ takes from the library, which the paired comparison sees.
 
 The control is the method's noise floor: two identical loops built side by side can differ by a
 few percent in one launch (where each model's memory landed, which blocks of rounds the machine
-slowed), more than the paired interval, which sees only the rounds' scatter, covers. Paraflow's
-model is one more such instance, so the paired interval is judged widened on both sides by the
-control's farthest interval end from zero (`aa_floor`), as the training verdict judges against
-the A/A noise floor.
+slowed), more than the paired interval, which sees only the pairs' scatter, covers. Each side
+averages several models built in a shuffled order (rank/overhead.py), which shrinks that but does
+not remove it, so the paired interval is judged widened on both sides by the control's farthest
+interval end from zero (`aa_floor`), as the training verdict judges against the A/A noise floor.
 
 Within 1%: "yes" when the widened interval lies at or below it, or when it straddles it and the
 direct upper bound is below; "no" when the widened interval lies above it, or the direct lower
@@ -41,7 +41,7 @@ OVERHEAD_COLUMNS = {
     "launcher": "launcher",
     "processes": "procs",
     "model": "model",
-    "pairs": "rounds",
+    "pairs": "pairs",
     "paraflow_step_ms_median": "paraflow step ms",
     "raw_step_ms_median": "raw step ms",
     "paired_overhead": "paired overhead",
