@@ -183,20 +183,20 @@ def test_profiling_a_real_step_restores_everything():
     assert deadlines.wait_until is original and sys.getprofile() is None
 
 
-def test_overhead_rounds_fit_the_time_budget_on_the_slowest_rank():
+def test_overhead_pairs_fit_the_time_budget_on_the_slowest_rank():
     import torch
 
-    from paraflow.bench.rank.overhead import MIN_ROUNDS, rounds_within
+    from paraflow.bench.rank.overhead import MIN_PAIRS, pairs_within
 
     class Backend:  # the other rank's round took 0.2 s
         def allreduce(self, tensor, op):
             assert op == "max"
             return torch.maximum(tensor, torch.tensor([0.2], dtype=torch.float64))
 
-    assert rounds_within(Backend(), 240, 0.05, 20.0) == 100  # 20 s / 0.2 s, not 20 s / 0.05 s
-    assert rounds_within(Backend(), 240, 0.05, 100.0) == 240  # never more than asked
-    assert rounds_within(Backend(), 240, 0.05, 1.0) == MIN_ROUNDS  # never fewer than 20 blocks of 3
-    assert rounds_within(Backend(), 6, 0.05, 1.0) == 6  # unless fewer were asked
+    assert pairs_within(Backend(), 240, 0.05, 20.0) == 100  # 20 s / 0.2 s, not 20 s / 0.05 s
+    assert pairs_within(Backend(), 240, 0.05, 100.0) == 240  # never more than asked
+    assert pairs_within(Backend(), 240, 0.05, 1.0) == MIN_PAIRS  # never fewer than 20 blocks of 3
+    assert pairs_within(Backend(), 6, 0.05, 1.0) == 6  # unless fewer were asked
 
 
 def test_overhead_models_are_built_and_stepped_in_shuffled_orders_the_same_on_every_rank():

@@ -120,13 +120,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--overhead-steps",
         type=int,
         default=150,
-        help="paraflow/raw/control step rounds for the abstraction overhead (default: 150)",
+        help="paraflow/raw/control step pairs for the abstraction overhead (default: 150)",
     )
     p.add_argument(
         "--overhead-seconds",
         type=float,
         default=8.0,
-        help="fewer overhead rounds when they would take longer than this, at least 60 (default: 8)",
+        help="fewer overhead pairs when they would take longer than this, at least 60 (default: 8)",
     )
     p.add_argument("--overhead-model", default=None, help="model for the abstraction overhead (default: first)")
     p.add_argument(

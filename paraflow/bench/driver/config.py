@@ -143,8 +143,8 @@ class BenchConfig:
         units: bandwidth unit of the sweep tables and plots, "GB/s" or "Gbit/s".
         sweep_rounds: alternating raw / paraflow pairs (one operation each) per sweep size, at
             least (small sizes get more: as many as moving about 64 MB takes, up to 40).
-        overhead_steps: paraflow/raw/control step rounds for the abstraction overhead.
-        overhead_seconds: fewer rounds when they would take longer than about this (at least 60).
+        overhead_steps: paraflow/raw/control step pairs for the abstraction overhead.
+        overhead_seconds: fewer pairs when they would take longer than about this (at least 60).
         overhead_model: model for the abstraction overhead (default: the first of models).
         launchers: restrict to these launchers (None: each backend's own).
         timeout: seconds each launch may take before its whole process group is killed.

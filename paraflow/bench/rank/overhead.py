@@ -32,14 +32,14 @@ from ..driver.config import ModelSpec
 from .ownprofile import profile_own_code
 from .train_loop import LEARNING_RATE, device_sync, make_batches, make_step
 
-__all__ = ["run_overhead", "rounds_within", "build_order", "step_orders", "SIDES", "INSTANCES", "MIN_ROUNDS"]
+__all__ = ["run_overhead", "pairs_within", "build_order", "step_orders", "SIDES", "INSTANCES", "MIN_PAIRS"]
 
 SIDES = ("paraflow", "raw", "control")
 #: Models per side (see the module docstring).
 INSTANCES = 3
 
 #: Fewest pairs a time budget may leave: 20 blocks of 3.
-MIN_ROUNDS = 60
+MIN_PAIRS = 60
 
 
 def build_order(rng: random.Random) -> list:
@@ -54,12 +54,12 @@ def step_orders(rng: random.Random, rounds: int) -> list:
     return [build_order(rng) for _ in range(rounds)]
 
 
-def rounds_within(backend, asked: int, round_s: float, max_seconds: float) -> int:
-    """Pairs to run: `asked`, or as many as fit in `max_seconds` at the slowest rank's `round_s`
-    (one step of each side; never fewer than MIN_ROUNDS or more than asked); the same on every rank."""
-    slowest = float(backend.allreduce(torch.tensor([round_s], dtype=torch.float64), op="max").item())
+def pairs_within(backend, asked: int, pair_s: float, max_seconds: float) -> int:
+    """Pairs to run: `asked`, or as many as fit in `max_seconds` at the slowest rank's `pair_s`
+    (one step of each side; never fewer than MIN_PAIRS or more than asked); the same on every rank."""
+    slowest = float(backend.allreduce(torch.tensor([pair_s], dtype=torch.float64), op="max").item())
     fit = int(max_seconds / max(slowest, 1e-6))
-    return min(asked, max(MIN_ROUNDS, fit))
+    return min(asked, max(MIN_PAIRS, fit))
 
 
 def _model(spec: ModelSpec, in_shape, classes: int, seed: int) -> torch.nn.Module:
@@ -80,7 +80,7 @@ def run_overhead(
     after_init: Optional[Callable[[], None]] = None,
 ) -> dict:
     """Time `pairs` paraflow / raw / control steps of `spec` each (fewer when they would take
-    longer than about `max_seconds`, at least MIN_ROUNDS; rounded up to whole rounds of INSTANCES),
+    longer than about `max_seconds`, at least MIN_PAIRS; rounded up to whole rounds of INSTANCES),
     returns this rank's numbers. `after_init` runs once both the raw library and paraflow have
     started (the benchmark pins there)."""
     import paraflow
@@ -119,8 +119,8 @@ def run_overhead(
             device_sync(device)
             return time.perf_counter() - t0
 
-        warm_rounds = [sum(run(i) for i in order) / INSTANCES for order in step_orders(plan, max(warmup, 10))]
-        count = rounds_within(backend, pairs, statistics.median(warm_rounds[len(warm_rounds) // 2 :]), max_seconds)
+        warm_pairs = [sum(run(i) for i in order) / INSTANCES for order in step_orders(plan, max(warmup, 10))]
+        count = pairs_within(backend, pairs, statistics.median(warm_pairs[len(warm_pairs) // 2 :]), max_seconds)
         backend.barrier()
         times = {side: [[] for _ in range(INSTANCES)] for side in SIDES}
         for order in step_orders(plan, math.ceil(count / INSTANCES)):
