@@ -8,9 +8,9 @@ built in a shuffled order, and each round steps every instance once in a shuffle
 same shuffles on every rank, from the seed); every step is timed after a device sync. Instance
 j of paraflow against instance j of raw in the same round is a pair: the rounds give paired
 ratios (paraflow / raw, control / raw). Several instances per side, because identical models
-step at different speeds by where their tensors landed in memory: one per side, paraflow's built
-first, had put about 1-3 % on paraflow (DDP at one process, four models built in turn, the first
-built the slowest in most of six launches).
+step at different speeds by where their tensors landed in memory, and the first one built was
+often the slowest: one per side, paraflow's built first, had put about 1-3 % on paraflow (the
+README's *The abstraction overhead* has the launches before and after).
 
 Then a few more paraflow steps run under a profiler that measures, directly, the time spent in
 paraflow's own Python per step (ownprofile.py), and how late each bounded wait noticed that the
@@ -139,9 +139,9 @@ def run_overhead(
             "model": spec.label,
             "model_spec": str(spec),
             "pairs": len(times["paraflow"]),
-            "rounds_asked": pairs,
+            "pairs_asked": pairs,
             "instances": INSTANCES,
-            "warmup": max(warmup, 10),
+            "warmup_rounds": max(warmup, 10),
             "paraflow_step_s": times["paraflow"],
             "raw_step_s": times["raw"],
             "control_step_s": times["control"],
