@@ -151,9 +151,8 @@ def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate
     distribution (a parametric bootstrap), so figures derived from several estimates (ratios,
     efficiency) carry both estimates' uncertainty. The variance is at least the launches' mean
     within-launch bootstrap variance, so launches that agree by chance do not make a zero-width
-    interval. A percentile
-    bootstrap over so few launches cannot do this: with 3 it spans at most their extremes, which
-    hold the median only 75% of the time. One launch: its own within-launch bootstrap (its steps
+    interval. A percentile bootstrap over so few launches cannot do this: with 3 it spans at most
+    their extremes, which hold the median only 75% of the time. One launch: its own within-launch bootstrap (its steps
     alone, which say nothing of a rerun).
     """
     if not launches:
