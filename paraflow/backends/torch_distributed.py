@@ -173,6 +173,18 @@ class TorchDistributedBackend(Backend):
     def _nccl(self) -> bool:
         return self.transport == "nccl"
 
+    # Synchronous forms, one call into torch and no handle (a repeated call on the check's board runs these).
+    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        work = self._on_comm_device(tensor)
+        reduce_op, divide = self._reduce_ops[op]
+        dist.all_reduce(work, op=reduce_op)
+        return self._reduced(tensor, work, divide)
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        work = self._on_comm_device(tensor)
+        dist.broadcast(work, src=src)
+        return work if work is tensor else work.to(tensor.device)
+
     # Asynchronous forms: each starts the operation and returns the function that waits for its result.
     def _start_allreduce(self, tensor: torch.Tensor, op: str) -> Callable[[], torch.Tensor]:
         work = self._on_comm_device(tensor)
@@ -181,11 +193,15 @@ class TorchDistributedBackend(Backend):
 
         def finish() -> torch.Tensor:
             handle.wait()
-            if divide:
-                work.div_(self.world_size)
-            return work if work is tensor else work.to(tensor.device)
+            return self._reduced(tensor, work, divide)
 
         return finish
+
+    def _reduced(self, tensor: torch.Tensor, work: torch.Tensor, divide: bool) -> torch.Tensor:
+        """`work` reduced, as `tensor`'s result: divided where the mean was a sum, on `tensor`'s device."""
+        if divide:
+            work.div_(self.world_size)
+        return work if work is tensor else work.to(tensor.device)
 
     @functools.cached_property
     def _reduce_ops(self) -> dict:

@@ -11,14 +11,16 @@ collective) and optionally ``_barrier``.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
 from ..errors import ConfigurationError
-from ..reliability.check_exchange import exchange, repeat_on_board
-from ..reliability.collective_check import call_site
+from ..reliability.check_bundle import BUNDLE_AFTER
+from ..reliability.check_exchange import exchange, forget_agreements, packed_descriptor
+from ..reliability.collective_check import call_site, is_library, site_of
 from ..reliability.translation import collective_errors, raise_translated
 from .options import REDUCE_OPS
 
@@ -34,39 +36,55 @@ class Collectives:
     collective_count = 0
     #: This rank's phase for the stall report (paraflow.reliability.activity); None in one process.
     _activity = None
+    # The cross-rank check's state (paraflow.reliability.check_exchange): the board once opened,
+    # the run of agreed calls, whether PARAFLOW_DEBUG traces, and the repeated call's last site
+    # and packed descriptor (spec, code, bytecode offset, site, descriptor).
+    _check_board = _agreed_run = _traced = _repeat_descriptor = None
 
     def allreduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """Reduce `tensor` over all ranks with `op` (sum, mean, min, max); input is unchanged."""
-        return self._allreduce_checked(tensor, op, copy=True).to(tensor.device)
+        result = self._repeat("allreduce", tensor, op, copy=True)
+        if result is None:
+            result = self._allreduce_checked(tensor, op, copy=True)
+        return result.to(tensor.device)
 
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce `tensor` over all ranks with `op`, in place (no copy); returns `tensor`."""
-        result = self._allreduce_checked(tensor, op, copy=False)
+        result = self._repeat("allreduce", tensor, op, copy=False)
+        if result is None:
+            result = self._allreduce_checked(tensor, op, copy=False)
         if result is not tensor and result.data_ptr() != tensor.data_ptr():
             tensor.detach().copy_(result)
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Return rank `src`'s `tensor` on every rank; input is unchanged."""
-        return self._broadcast_checked(tensor, src, copy=True).to(tensor.device)
+        result = self._repeat("broadcast", tensor, src, copy=True)
+        if result is None:
+            result = self._broadcast_checked(tensor, src, copy=True)
+        return result.to(tensor.device)
 
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite `tensor` with rank `src`'s, in place (no copy); returns `tensor`."""
-        result = self._broadcast_checked(tensor, src, copy=False)
+        result = self._repeat("broadcast", tensor, src, copy=False)
+        if result is None:
+            result = self._broadcast_checked(tensor, src, copy=False)
         if result is not tensor and result.data_ptr() != tensor.data_ptr():
             tensor.detach().copy_(result)
         return tensor
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Return every rank's `tensor` (same shape on all ranks), indexed by rank."""
-        self._check_tensor(tensor, "allgather")
-        gathered = self._checked(
-            "allgather",
-            tensor.contiguous(),
-            self._allgather,
-            self._start_allgather,
-            lambda rows: rows,
-        )
+        gathered = self._repeat("allgather", tensor, None, copy=False)
+        if gathered is None:
+            self._check_tensor(tensor, "allgather")
+            gathered = self._checked(
+                "allgather",
+                tensor.contiguous(),
+                self._allgather,
+                self._start_allgather,
+                lambda rows: rows,
+            )
         return [t.to(tensor.device) for t in gathered]
 
     def barrier(self) -> None:
@@ -139,10 +157,6 @@ class Collectives:
                 return run(work())
             self.collective_count += 1
             sequence = self.collective_count
-            if start is not None:  # a loop's repeated call with the board open: the short path
-                result = repeat_on_board(self, sequence, collective, tensor, work, start, site, **arguments)
-                if result is not None:
-                    return result
             outcome = exchange(
                 self,
                 sequence,
@@ -164,12 +178,72 @@ class Collectives:
             if activity is not None:
                 activity.leave(collective)
 
+    def _repeat(self, collective: str, tensor: Any, argument: Any, copy: bool) -> Any:
+        """The call every rank agreed on BUNDLE_AFTER times in a row, made again with the board
+        open (a loop's steady state), or None when this is not that call (``_checked`` makes it).
+
+        The same check as the board's in ``exchange`` (this rank posts its descriptor, the
+        collective runs, every rank's descriptor is read), the same error translation and stall
+        bookkeeping, in as few steps as they allow: on a host whose cores the communication
+        shares, each step right after a collective's wait costs microseconds.
+        `argument` is the allreduce op or the broadcast source (None for allgather). Called by
+        the public calls only: their caller is the script (or the library code that leads to it).
+        """
+        state, board = self._agreed_run, self._check_board
+        if not board or state is None or state[2] < BUNDLE_AFTER or self._traced is not False:
+            return None  # no repeated call, no board, or PARAFLOW_DEBUG traces every descriptor
+        spec = state[1]  # (collective, dtype, shape, op, src), None when it rode in the frame
+        if (
+            spec is None
+            or spec[0] != collective
+            or not isinstance(tensor, torch.Tensor)
+            or tensor.dtype is not spec[1]
+            or tensor.shape != spec[2]
+            or argument != spec[3 if collective == "allreduce" else 4]
+            or not self._connected
+        ):
+            return None
+        caller = sys._getframe(2)  # the public call's caller
+        last = self._repeat_descriptor
+        if last is not None and last[0] is spec and last[1] is caller.f_code and last[2] == caller.f_lasti:
+            site, descriptor = last[3], last[4]  # the same line of the script as last time
+        else:
+            site = site_of(caller)
+            descriptor = packed_descriptor(spec, site)
+            if not is_library(caller):  # the caller is the site: remembered by its line
+                self._repeat_descriptor = (spec, caller.f_code, caller.f_lasti, site, descriptor)
+        started, activity = time.monotonic(), self._activity
+        if activity is not None:
+            activity.enter(collective, site)
+        try:
+            self.collective_count += 1
+            sequence = self.collective_count
+            board.post_packed(sequence, descriptor)
+            work = tensor.detach().clone() if copy else tensor.detach() if tensor.requires_grad else tensor
+            if collective == "allreduce":
+                result = self._allreduce(work, argument)
+            elif collective == "broadcast":
+                result = self._broadcast(work, argument)
+            else:
+                result = self._allgather(work.contiguous())
+            board.confirm(sequence)
+            return result
+        except Exception as exc:
+            forget_agreements(self)  # a mismatch or a failure: nothing agreed before is repeated
+            if isinstance(exc, RuntimeError):
+                raise_translated(self, collective, exc, started)
+            raise
+        finally:
+            if activity is not None:
+                activity.leave(collective)
+
     def _release_check(self) -> None:
         """Forget what the ranks agreed on and release the check's shared memory (at shutdown)."""
         board = getattr(self, "_check_board", None)
         if board:
             board.close()
         self._check_board = self._agreed_run = self._last_agreed = self._bundle_buffer = self._traced = None
+        self._repeat_descriptor = None
 
     def _marked(self, call: str, site: Optional[str] = None) -> ContextManager:
         """Record `call` (made at `site`) as this rank's phase while it runs (read only by the stall report)."""

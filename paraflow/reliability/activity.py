@@ -16,6 +16,7 @@ has lasted too long. Phases:
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -70,6 +71,11 @@ class State(NamedTuple):
     after: str = ""  # for "idle": the phase it left
 
 
+#: State from a tuple of every field, in one call: enter() and leave() run around every collective,
+#: where the NamedTuple constructor's own frame costs microseconds after the collective's wait.
+_state = functools.partial(tuple.__new__, State)
+
+
 class Activity:
     """This rank's current phase and training step (forward passes with gradients, counted from 1)."""
 
@@ -91,13 +97,13 @@ class Activity:
         """A paraflow call made at `site` (found here if None) begins: what :meth:`call` does on entry."""
         self._depth += 1
         if self._depth == 1:
-            self.state = State(name, site or call_site(), self.step, time.monotonic(), True)
+            self.state = _state((name, site or call_site(), self.step, time.monotonic(), True, ""))
 
     def leave(self, name: str) -> None:
         """The paraflow call `name` returned or failed: the script's own code runs."""
         self._depth -= 1
         if self._depth == 0:
-            self.state = State("idle", self.state.site, self.step, time.monotonic(), False, name)
+            self.state = _state(("idle", self.state.site, self.step, time.monotonic(), False, name))
 
     def forward_started(self, training: bool, site: Any) -> None:
         """A forward pass of the wrapped model begins at `site`; with gradients, it starts a new step."""

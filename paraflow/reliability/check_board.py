@@ -36,7 +36,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .collective_check import _COMPARED_BYTES, _DESCRIPTOR_BYTES, _PACK, _Descriptor, mismatch_error
+from .collective_check import _COMPARED_BYTES, _DESCRIPTOR_BYTES, _PACK, _SEQUENCE_WORD, _Descriptor, mismatch_error
 
 __all__ = ["CheckBoard", "board_for", "on_board", "ENVIRONMENT_SWITCH"]
 
@@ -47,6 +47,7 @@ SLOTS = 4
 _STAMP = 8  # the call's sequence number, written after the descriptor
 _SLOT_BYTES = _STAMP + _DESCRIPTOR_BYTES
 _COMPARED_SLOT = _STAMP + _COMPARED_BYTES  # a slot's stamp and the compared part of its descriptor
+_SEQUENCE_AT = _STAMP + 8 * _SEQUENCE_WORD  # where a slot holds the descriptor's sequence number
 _STAMP_WORD = struct.Struct("<q")
 _NONCE = 8  # the file starts with rank 0's random number: the right file, not a namesake
 _NOTE_BYTES = 256  # rank 0's broadcast: nonce, namespace, file name
@@ -71,6 +72,14 @@ class CheckBoard:
         at = self._slots[sequence % SLOTS][self.rank]
         _PACK.pack_into(self._memory, at + _STAMP, *words)
         _STAMP_WORD.pack_into(self._memory, at, sequence)
+
+    def post_packed(self, sequence: int, descriptor: bytes) -> None:
+        """post() of a descriptor packed once with sequence number 0 (a repeated call's): the
+        number is written in."""
+        memory, at = self._memory, self._slots[sequence % SLOTS][self.rank]
+        memory[at + _STAMP : at + _SLOT_BYTES] = descriptor
+        _STAMP_WORD.pack_into(memory, at + _SEQUENCE_AT, sequence)
+        _STAMP_WORD.pack_into(memory, at, sequence)
 
     def _block(self, sequence: int) -> bytes:
         """Every rank's slot of call `sequence`, in rank order, in one read."""
@@ -104,6 +113,17 @@ class CheckBoard:
                 break
             time.sleep(0)
         return [slot[_STAMP:] for slot in slots]
+
+    def confirm(self, sequence: int) -> None:
+        """After call `sequence` completed: raise the same CollectiveError on every rank unless
+        every rank posted the same call."""
+        if self.agree(sequence):
+            return
+        rows = self.rows(sequence)  # a late stamp, or a mismatch
+        first = rows[0][:_COMPARED_BYTES]
+        if not all(row[:_COMPARED_BYTES] == first for row in rows[1:]):
+            descriptors = [_Descriptor(list(_PACK.unpack(row))) for row in rows]
+            raise mismatch_error(descriptors[self.rank].collective, self.rank, descriptors)
 
     def close(self) -> None:
         self._view.release()
@@ -201,13 +221,8 @@ def on_board(backend, board: CheckBoard, spec: tuple, words: list, start: Option
     starts this rank's own call when it is the repeated one (else None). Returns the result's
     getter if every rank made the repeated call, None if they all made the same other call (run
     it the usual way); raises CollectiveError on every rank otherwise."""
-    sequence = words[2]
+    sequence = words[_SEQUENCE_WORD]
     board.post(sequence, words)
     result = (start or (lambda: _start(backend, spec)))()()
-    if not board.agree(sequence):
-        rows = board.rows(sequence)  # a late stamp, or a mismatch
-        first = rows[0][:_COMPARED_BYTES]
-        if not all(row[:_COMPARED_BYTES] == first for row in rows[1:]):
-            descriptors = [_Descriptor(list(_PACK.unpack(row))) for row in rows]
-            raise mismatch_error(_Descriptor(list(words)).collective, backend.rank, descriptors)
+    board.confirm(sequence)
     return None if start is None else (lambda: result)

@@ -20,7 +20,9 @@ Once every rank has agreed on the same call BUNDLE_AFTER times in a row, no fram
 ranks of one host post their descriptors in shared memory and the repeated collective is the
 barrier (:mod:`paraflow.reliability.check_board`); ranks on several hosts over gloo carry them
 in the repeated allreduce itself (:mod:`paraflow.reliability.check_bundle`). The repeated call
-itself, made again with the board open, takes a short path (``repeat_on_board``).
+itself, made again with the board open, takes a short path
+(``paraflow.core.collectives.Collectives._repeat``): the same posting and reading of the board,
+with the descriptor packed once.
 
 Overlapping needs the backend's asynchronous hooks (``_start_allgather``, ``_start_allreduce``,
 ``_start_broadcast``, each returning a function that waits and gives the result); without them
@@ -43,6 +45,7 @@ from .collective_check import (
     _DESCRIPTOR_BYTES,
     _OPS,
     _PACK,
+    _SEQUENCE_WORD,
     CARRY_BYTES,
     FRAME_BYTES,
     _call_words,
@@ -52,7 +55,7 @@ from .collective_check import (
 )
 from .debug import debug_enabled, trace
 
-__all__ = ["exchange", "repeat_on_board", "Outcome", "FRAME_NAME"]
+__all__ = ["exchange", "packed_descriptor", "forget_agreements", "Outcome", "FRAME_NAME"]
 
 #: The frame's collective name where the library matches collectives by name (horovod).
 FRAME_NAME = "paraflow.check"
@@ -141,7 +144,7 @@ def exchange(
         carry,
     )
     words = list(static)
-    words[2] = sequence
+    words[_SEQUENCE_WORD] = sequence
     traced = getattr(backend, "_traced", None)
     if traced is None:  # read once per backend: not on every call
         traced = backend._traced = debug_enabled()
@@ -158,7 +161,7 @@ def exchange(
             else:  # check_bundle.py: the repeated allreduce carries them
                 finish = bundled(backend, bundle[1], words, tensor if mine else None, reuse=in_place)
         except Exception:
-            _forget_agreements(backend)
+            forget_agreements(backend)
             raise
         if finish is not None:
             note_agreed(backend, key, spec)
@@ -197,51 +200,19 @@ def exchange(
             pass
     elif any(started) and last is not None:
         _drain(backend, last[1])
-    _forget_agreements(backend)
+    forget_agreements(backend)
     descriptors = [_Descriptor(row[:_DESCRIPTOR_BYTES].cpu().view(torch.int64).tolist()) for row in rows]
     raise mismatch_error(collective, backend.rank, descriptors)
 
 
-def repeat_on_board(
-    backend,
-    sequence: int,
-    collective: str,
-    tensor: torch.Tensor,
-    work: Callable[[], torch.Tensor],
-    start: Callable[[torch.Tensor], Callable],
-    site: str,
-    op: Optional[str] = None,
-    src: Optional[int] = None,
-):
-    """The result of the call every rank agreed on BUNDLE_AFTER times in a row, made again with the
-    board open (a loop's steady state), or None when this is not that call (``exchange`` decides).
-
-    The same check as ``exchange``'s board branch (every rank posts, the collective runs, every
-    rank reads every descriptor), without the steps that only other calls need: on this machine
-    each layer a call passes costs microseconds when it runs right after a collective's wait.
-    `work()` gives the tensor the collective runs on (`tensor` or a copy), `start(work())` starts it
-    and returns the function that waits for its result.
-    """
-    repeated, board = repeated_call(backend), getattr(backend, "_check_board", None)
-    if repeated is None or not board:
-        return None  # no repeated call yet (or one that rides in the frame), or no board
-    if getattr(backend, "_traced", True):
-        return None  # PARAFLOW_DEBUG traces every descriptor: exchange() does
-    static, key, _, _, spec = _call_facts(collective, tensor.dtype, tensor.shape, op, src, site, True)
-    if key != repeated[0]:
-        return None
-    words = list(static)
-    words[2] = sequence
-    try:
-        finish = on_board(backend, board, spec, words, lambda: start(work()))
-    except Exception:
-        _forget_agreements(backend)
-        raise
-    note_agreed(backend, key, spec)
-    return finish()
+def packed_descriptor(spec: tuple, site: str) -> bytes:
+    """The board descriptor of the call `spec` (collective, dtype, shape, op, src) made at
+    `site`, packed, with sequence number 0 (:meth:`CheckBoard.post_packed` writes the number in)."""
+    collective, dtype, shape, op, src = spec
+    return _PACK.pack(*_call_facts(collective, dtype, shape, op, src, site, True)[0])
 
 
-def _forget_agreements(backend) -> None:
+def forget_agreements(backend) -> None:
     """After a mismatch or a failure: nothing the ranks agreed on before may start a call early."""
     backend._last_agreed = None
     forget_agreed(backend)

@@ -27,6 +27,7 @@ from ..errors import CollectiveError
 
 __all__ = [
     "call_site",
+    "site_of",
     "is_library",
     "LIBRARIES",
     "USER_PROGRAMS",
@@ -58,6 +59,7 @@ _MAGIC = 0x5041524146  # "PARAF": a descriptor, not some other collective's payl
 _MAX_DIMS = 6
 _SITE_BYTES = 96
 _HEADER = 8  # magic, collective, sequence, dtype, ndim, numel, argument, shape hash
+_SEQUENCE_WORD = 2
 DESCRIPTOR_WORDS = _HEADER + _MAX_DIMS + _SITE_BYTES // 8
 _DESCRIPTOR_BYTES = DESCRIPTOR_WORDS * 8
 _COMPARED_BYTES = (_HEADER + _MAX_DIMS) * 8
@@ -95,7 +97,11 @@ def call_site() -> str:
     """file:line of the script's line that led here: the first caller outside paraflow, torch and
     horovod (every collective asks, so the library test is remembered per code object and the
     site per code object and instruction)."""
-    frame = sys._getframe(2)
+    return site_of(sys._getframe(2))
+
+
+def site_of(frame) -> str:
+    """file:line of `frame`, or of its first caller outside paraflow, torch and horovod."""
     while frame is not None and is_library(frame):
         frame = frame.f_back
     if frame is None:
@@ -155,7 +161,7 @@ def _words(collective: str, sequence: int, tensor: Optional[torch.Tensor], argum
             site,
         )
     )
-    words[2] = sequence
+    words[_SEQUENCE_WORD] = sequence
     return words
 
 

@@ -1,15 +1,21 @@
 """The shared-memory board the ranks of one host post their descriptors on (check_board.py)."""
 
 import mmap
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from paraflow.core import collectives
+from paraflow.core.collectives import Collectives
 from paraflow.errors import CollectiveError
 from paraflow.reliability import check_board
+from paraflow.reliability.activity import Activity
 from paraflow.reliability.check_board import SLOTS, CheckBoard, on_board
-from paraflow.reliability.collective_check import _words
+from paraflow.reliability.check_bundle import BUNDLE_AFTER
+from paraflow.reliability.check_exchange import _call_facts
+from paraflow.reliability.collective_check import _PACK, _Descriptor, _words
 
 SIZE = 8 + 2 * SLOTS * (8 + 8 * 26)
 
@@ -87,41 +93,84 @@ def test_agree_is_true_only_when_every_rank_posted_the_same_call():
     assert not b0.agree(9 + SLOTS)
 
 
-def repeating_backend(board, calls: int):
-    """Rank 0 of two, its board open, after `calls` agreed allreduces of float32[5000] (sum)."""
-    from paraflow.reliability.check_exchange import _call_facts
+class Repeating(Collectives):
+    """Rank 0 of two, its board open, after `calls` agreed allreduces of float32[5000] (sum); its
+    collectives return their input at once, and a call the short path declines returns SLOW."""
 
-    _, key, _, _, spec = _call_facts("allreduce", torch.float32, torch.Size([5000]), "sum", None, "t.py:1", True)
-    backend = fake_backend(0)
-    backend._check_board, backend._agreed_run, backend._traced = board, (key, spec, calls), False
-    return backend
+    rank, world_size, device, name = 0, 2, torch.device("cpu"), "fake"
+
+    def __init__(self, board, calls: int) -> None:
+        _, key, _, _, spec = _call_facts("allreduce", torch.float32, torch.Size([5000]), "sum", None, "t.py:1", True)
+        self._check_board, self._agreed_run, self._traced = board, (key, spec, calls), False
+        self._connected, self.collective_count, self.ran = True, 20, []
+
+    def _allreduce(self, tensor, op):
+        self.ran.append((op, self._activity and self._activity.state))
+        return tensor
+
+    def _allreduce_checked(self, tensor, op, copy):
+        return SLOW
+
+    def _broadcast_checked(self, tensor, src, copy):
+        return SLOW
+
+
+SLOW = torch.zeros(1)
 
 
 def test_the_repeated_call_takes_the_short_path_and_keeps_the_check():
-    from paraflow.reliability.check_bundle import BUNDLE_AFTER
-    from paraflow.reliability.check_exchange import repeat_on_board
-
     b0, b1 = boards()
     mine = torch.ones(5000)
-    backend = repeating_backend(b0, BUNDLE_AFTER)
-    start = backend._start_allreduce
-
-    def call(sequence, tensor=mine, op="sum"):
-        starts = lambda work: start(work, op)  # noqa: E731
-        return repeat_on_board(backend, sequence, "allreduce", tensor, lambda: tensor, starts, "t.py:2", op)
-
+    backend = Repeating(b0, BUNDLE_AFTER)
     b1.post(21, words(21))
-    assert call(21) is mine and backend._agreed_run[2] == BUNDLE_AFTER + 1  # one more agreement
-    assert call(22, torch.ones(6000)) is None  # another call: exchange() decides
-    assert call(22, op="max") is None
+    site = f"test_check_board.py:{sys._getframe().f_lineno + 1}"
+    assert backend.allreduce_(mine) is mine and len(backend.ran) == 1
+    assert backend.collective_count == 21
+    assert _Descriptor(list(_PACK.unpack(b1.rows(21)[0]))).site == site, "the posted descriptor names the script's line"
+    b1.post(22, words(22))
+    copied = backend.allreduce(mine, "sum")
+    assert copied is not mine and torch.equal(copied, mine) and len(backend.ran) == 2
+    assert backend.allreduce(mine) is SLOW  # the copying allreduce's default op is mean: another call
+    for declined in (torch.ones(6000), torch.ones(5000, dtype=torch.float64), torch.ones(5000)):
+        op = "max" if declined.shape == mine.shape and declined.dtype == mine.dtype else "sum"
+        backend.allreduce_(declined, op)  # another shape, dtype, op
+        assert not declined.any(), "the slow path's SLOW (zeros) was copied in"
+    assert backend.broadcast(mine, 0) is SLOW and len(backend.ran) == 2
     backend._agreed_run = (*backend._agreed_run[:2], BUNDLE_AFTER - 1)
-    assert call(22) is None  # not yet repeated often enough
+    assert backend.allreduce(mine, "sum") is SLOW  # not yet repeated often enough
     backend._agreed_run = (*backend._agreed_run[:2], BUNDLE_AFTER)
     backend._traced = True
-    assert call(22) is None  # PARAFLOW_DEBUG: every descriptor is traced by exchange()
-    backend._traced = False
-    b1.post(22, words(22, collective="broadcast"))
+    assert backend.allreduce(mine, "sum") is SLOW  # PARAFLOW_DEBUG: every descriptor is traced by exchange()
+    backend._traced, backend._connected = False, False
+    assert backend.allreduce(mine, "sum") is SLOW  # shut down: the usual path says so
+    backend._connected = True
+    b1.post(23, words(23, collective="broadcast"))
     with pytest.raises(CollectiveError, match="ranks called different collectives"):
-        call(22)
+        backend.allreduce_(mine)
     assert backend._agreed_run is None  # after a mismatch nothing agreed before takes a short path
-    assert call(23) is None
+    assert backend.allreduce_(mine) is mine and len(backend.ran) == 3
+
+
+def test_the_short_path_marks_the_call_for_the_stall_report_and_translates_failures(monkeypatch):
+    b0, b1 = boards()
+    backend = Repeating(b0, BUNDLE_AFTER)
+    backend._activity = Activity()
+    b1.post(21, words(21))
+    backend.allreduce_(torch.ones(5000))
+    during = backend.ran[0][1]
+    assert (during.call, during.waits, during.site.partition(":")[0]) == ("allreduce", True, "test_check_board.py")
+    after = backend._activity.state
+    assert (after.call, after.after, after.waits, after.site) == ("idle", "allreduce", False, during.site)
+
+    translated = []
+    monkeypatch.setattr(collectives, "raise_translated", lambda b, name, exc, started: translated.append((name, exc)))
+    lost = RuntimeError("Connection closed by peer")
+
+    def fails(tensor, op):
+        raise lost
+
+    backend._allreduce = fails
+    with pytest.raises(RuntimeError):
+        backend.allreduce_(torch.ones(5000))
+    assert translated == [("allreduce", lost)] and backend._agreed_run is None
+    assert backend._activity.state.call == "idle", "a failed call leaves the stall report's phase"

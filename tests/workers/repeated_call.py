@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import paraflow
-from paraflow.reliability import check_bundle, check_exchange
+from paraflow.reliability import check_board, check_bundle, check_exchange
 
 N = 5000  # 20 KB in float32: above what rides in the frame, below BUNDLE_MAX_BYTES
 CALLS = check_bundle.BUNDLE_AFTER + 4
@@ -32,6 +32,17 @@ def count(name: str, key: str, mine) -> None:
         return original(*args, **kwargs)
 
     setattr(check_exchange, name, counting)
+
+
+def count_short_path() -> None:
+    """Count the repeated calls that took the short path (Collectives._repeat): it posts packed descriptors."""
+    original = check_board.CheckBoard.post_packed
+
+    def counting(self, *args):
+        counts["boarded"] += 1
+        return original(self, *args)
+
+    check_board.CheckBoard.post_packed = counting
 
 
 def values(rank: int, call: int, dtype) -> torch.Tensor:
@@ -54,6 +65,7 @@ def expected(op, rows):
 def main(out: Path, name: str) -> None:
     count("bundled", "bundled", lambda args: args[3])
     count("on_board", "boarded", lambda args: args[4])
+    count_short_path()
     results = {"wrong": {}}
     dtypes = {k: v for k, v in DTYPES.items() if not (name == "horovod" and k == "bfloat16")}  # horovod 0.28: no bf16
     with paraflow.init(name) as backend:
