@@ -192,7 +192,7 @@ class Collectives:
         state, board = self._agreed_run, self._check_board
         if not board or state is None or state[2] < BUNDLE_AFTER or self._traced is not False:
             return None  # no repeated call, no board, or PARAFLOW_DEBUG traces every descriptor
-        spec = state[1]  # (collective, dtype, shape, op, src), None when it rode in the frame
+        spec = state[1]  # (collective, dtype, shape, op, src), None for a barrier
         if (
             spec is None
             or spec[0] != collective

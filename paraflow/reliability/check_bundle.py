@@ -51,7 +51,7 @@ _SCALED_DTYPES = (torch.float32, torch.float64)
 
 
 def note_agreed(backend, key: tuple, spec: Optional[tuple]) -> None:
-    """Record a call every rank agreed on (`spec`: collective, dtype, shape, op, src; None if carried)."""
+    """Record a call every rank agreed on (`spec`: collective, dtype, shape, op, src; None for a barrier)."""
     state = getattr(backend, "_agreed_run", None)
     count = state[2] + 1 if state is not None and state[0] == key else 1
     backend._agreed_run = (key, spec, count)
@@ -62,8 +62,8 @@ def forget_agreed(backend) -> None:
 
 
 def repeated_call(backend) -> Optional[tuple]:
-    """(key, spec) of the call every rank agreed on BUNDLE_AFTER times in a row, or None (also when
-    it rode in the frame): the same on every rank."""
+    """(key, spec) of the call every rank agreed on BUNDLE_AFTER times in a row, or None (also for
+    barriers): the same on every rank."""
     state = getattr(backend, "_agreed_run", None)
     if state is None or state[1] is None or state[2] < BUNDLE_AFTER:
         return None

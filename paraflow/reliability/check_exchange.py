@@ -18,8 +18,10 @@ rank whatever the tensors, so it is safe when they disagree): this rank's descri
 
 Once every rank has agreed on the same call BUNDLE_AFTER times in a row, no frame is sent:
 ranks of one host post their descriptors in shared memory and the repeated collective is the
-barrier (:mod:`paraflow.reliability.check_board`); ranks on several hosts over gloo carry them
-in the repeated allreduce itself (:mod:`paraflow.reliability.check_bundle`). The repeated call
+barrier (:mod:`paraflow.reliability.check_board`), whatever its size (a small one then costs one
+collective of its own size instead of a frame); ranks on several hosts over gloo carry them in
+the repeated allreduce itself when it is larger than a frame's payload
+(:mod:`paraflow.reliability.check_bundle`). The repeated call
 itself, made again with the board open, takes a short path
 (``paraflow.core.collectives.Collectives._repeat``): the same posting and reading of the board,
 with the descriptor packed once.
@@ -77,13 +79,13 @@ class Outcome:
 def _call_facts(collective: str, dtype, shape, op, src, site: str, carry: bool) -> tuple:
     """What a call's check needs, computed once per kind of call (a loop repeats its calls):
     its descriptor with sequence number 0, what is compared (all but the sequence number and the
-    call site), its size in bytes, whether it rides in the frame, and its spec when it does not."""
+    call site), its size in bytes, whether it may ride in the frame, and its spec (None for a barrier)."""
     argument = _OPS.index(op) if op in _OPS else (src if src is not None else -1)
     static = _call_words(collective, dtype, shape, argument, site)
     key = (static[1], *static[3:14])
     nbytes = math.prod(shape) * dtype.itemsize if dtype is not None else 0
     fits = carry and dtype is not None and nbytes <= CARRY_BYTES
-    spec = (collective, dtype, tuple(shape), op, src) if dtype is not None and not fits else None
+    spec = (collective, dtype, tuple(shape), op, src) if dtype is not None else None
     return static, key, nbytes, fits, spec
 
 

@@ -5,6 +5,9 @@ import pytest
 from conftest import WORKERS, launch_ok, read_rank_json
 
 from paraflow.reliability.check_board import ENVIRONMENT_SWITCH
+from paraflow.reliability.check_bundle import BUNDLE_AFTER
+
+CALLS = BUNDLE_AFTER + 4  # as the worker makes each repeated call
 
 PATHS = [
     ("torchrun", "ddp-gloo", "boarded"),
@@ -37,4 +40,10 @@ def test_repeated_calls_are_exact_and_mismatches_fail_on_every_rank(tmp_path, la
             )
             assert result[f"after/{case}"] == 0, (case, "the job is unusable after the mismatch")
         assert len(result["mismatches"]) == 4
+        assert result["small_wrong"] == 0
+        if way == "boarded":  # a repeated call small enough for the frame moves to the board too
+            assert result["small_boarded"] == CALLS - BUNDLE_AFTER, "the repeated small call was not boarded"
+        else:
+            assert result["small_boarded"] == 0
+        assert result["small_mismatch"].startswith("CollectiveError") and "float32[3]" in result["small_mismatch"]
         assert result["together"] == 0

@@ -104,6 +104,16 @@ def main(out: Path, name: str) -> None:
                 mismatches[case] = f"CollectiveError: {exc}"
             results[f"after/{case}"] = wrong(backend.allreduce(big, op="sum"), want)
         results["mismatches"] = mismatches
+        before, small = counts["boarded"], torch.ones(3)  # rides in the frame until it repeats
+        results["small_wrong"] = sum(
+            wrong(backend.allreduce_(small.clone()), torch.full((3,), float(world))) for _ in range(CALLS)
+        )
+        results["small_boarded"] = counts["boarded"] - before
+        try:
+            backend.allreduce_(small.clone()) if rank == 0 else backend.allreduce_(torch.ones(4))
+            results["small_mismatch"] = "ok"
+        except paraflow.CollectiveError as exc:
+            results["small_mismatch"] = f"CollectiveError: {exc}"
         for _ in range(check_bundle.BUNDLE_AFTER):
             backend.allreduce(big, op="sum")
         backend.barrier()  # every rank leaves the run at once: no error, the usual way
