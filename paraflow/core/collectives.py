@@ -203,7 +203,10 @@ class Collectives:
             or not self._connected
         ):
             return None
-        caller = sys._getframe(2)  # the public call's caller
+        try:
+            caller = sys._getframe(2)  # the public call's caller
+        except ValueError:  # called straight from a new thread's C start: the general path names no site either
+            return None
         last = self._repeat_descriptor
         if last is not None and last[0] is spec and last[1] is caller.f_code and last[2] == caller.f_lasti:
             site, descriptor = last[3], last[4]  # the same line of the script as last time

@@ -174,3 +174,14 @@ def test_the_short_path_marks_the_call_for_the_stall_report_and_translates_failu
         backend.allreduce_(torch.ones(5000))
     assert translated == [("allreduce", lost)] and backend._agreed_run is None
     assert backend._activity.state.call == "idle", "a failed call leaves the stall report's phase"
+
+
+def test_a_call_made_with_no_python_caller_takes_the_general_path():
+    import _thread
+    import threading
+
+    b0, _ = boards()
+    backend, done = Repeating(b0, BUNDLE_AFTER), threading.Event()
+    backend._allreduce_checked = lambda tensor, op, copy: (done.set(), SLOW)[1]
+    _thread.start_new_thread(backend.allreduce, (torch.ones(5000), "sum"))  # the thread calls it from C
+    assert done.wait(10) and backend.ran == []
