@@ -92,7 +92,9 @@ def test_sweep_check_patterns_are_exact_and_count_wrong_elements(dtype):
 
 
 def test_iterations_scale_with_size():
-    assert iterations_for(256 * 1024**2) == 4 and iterations_for(4096) == 200 and iterations_for(2**40) == 4
+    assert iterations_for(256 * 1024**2) == 4 and iterations_for(2**40) == 4
+    assert iterations_for(4096) == 40 and iterations_for(2**20 - 1) == 40  # below 1 MB latency sets the time
+    assert iterations_for(2**20) == 200 and iterations_for(4 * 2**20) == 64
 
 
 def test_sizes_parse_like_nccl_tests():

@@ -142,7 +142,8 @@ class BenchConfig:
         dtypes: element types the sweep measures.
         units: bandwidth unit of the sweep tables and plots, "GB/s" or "Gbit/s".
         sweep_rounds: alternating raw / paraflow pairs (one operation each) per sweep size, at
-            least (small sizes get more: as many as moving about 256 MB takes, up to 200).
+            least (smaller sizes get more: as many as moving about 256 MB takes, up to 40 below
+            1 MB and 200 from 1 MB up).
         overhead_steps: paraflow/raw/control step pairs for the abstraction overhead.
         overhead_seconds: fewer pairs when they would take longer than about this (at least 60).
         overhead_model: model for the abstraction overhead (default: the first of models).

@@ -41,9 +41,12 @@ __all__ = [
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: Roughly this many bytes are moved per size and side, so small messages get many iterations:
-#: a 1 MB ratio over 200 pairs scatters about half as much between launches as over 40.
+#: up to MAX_ITERS from LARGE_BYTES up, where paraflow's fixed cost is a few percent of the call
+#: and a 1 MB ratio over 200 pairs scatters about half as much between launches as over 40; below,
+#: where latency (and horovod's 1 ms cycle) sets the time, MAX_SMALL_ITERS resolve the ratio.
 BYTES_PER_SIZE = 256 * 1024**2
-MIN_ITERS, MAX_ITERS = 4, 200
+LARGE_BYTES = 1024**2
+MIN_ITERS, MAX_SMALL_ITERS, MAX_ITERS = 4, 40, 200
 ROUNDS = 12  # alternating raw / public pairs per size, at least (default)
 #: Warm-up calls per side, at least: paraflow's check takes its repeated-call form after this many.
 MIN_WARMUP = BUNDLE_AFTER + 1
@@ -51,7 +54,8 @@ MIN_WARMUP = BUNDLE_AFTER + 1
 
 def iterations_for(size_bytes: int) -> int:
     """Timed operations per side for one message size: many for small messages, at least MIN_ITERS."""
-    return max(MIN_ITERS, min(MAX_ITERS, BYTES_PER_SIZE // max(size_bytes, 1)))
+    most = MAX_ITERS if size_bytes >= LARGE_BYTES else MAX_SMALL_ITERS
+    return max(MIN_ITERS, min(most, BYTES_PER_SIZE // max(size_bytes, 1)))
 
 
 def pattern(rank: int, count: int, dtype: torch.dtype = torch.float32, device="cpu") -> torch.Tensor:

@@ -90,8 +90,8 @@ DEFINITIONS = [
     "the same seed and data, so rows with the same process count should agree.",
     "sweep: nccl-tests style; per size the raw library's call and paraflow's public call (allreduce_, "
     "broadcast_ in place, allgather returning a list) alternate, one operation each per round "
-    "(--sweep-rounds pairs at least, up to 200 for sizes up to 1 MB); time = median over rounds of the slowest "
-    "rank's time; algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, "
+    "(--sweep-rounds pairs at least, up to 40 below 1 MB and 200 from 1 MB up); time = median over rounds "
+    "of the slowest rank's time; algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, "
     "reduce_scatter; size = the whole gathered or scattered buffer), 1 (broadcast); paraflow/raw = median "
     "over rounds of a round's paraflow time over its raw time, then over launches; #wrong = elements "
     "differing from the exact expected result.",
