@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from paraflow.core import collectives
+from paraflow.core import repeated_call
 from paraflow.core.collectives import Collectives
 from paraflow.errors import CollectiveError
 from paraflow.reliability import check_board
@@ -163,7 +163,7 @@ def test_the_short_path_marks_the_call_for_the_stall_report_and_translates_failu
     assert (after.call, after.after, after.waits, after.site) == ("idle", "allreduce", False, during.site)
 
     translated = []
-    monkeypatch.setattr(collectives, "raise_translated", lambda b, name, exc, started: translated.append((name, exc)))
+    monkeypatch.setattr(repeated_call, "raise_translated", lambda b, name, exc, started: translated.append((name, exc)))
     lost = RuntimeError("Connection closed by peer")
 
     def fails(tensor, op):
