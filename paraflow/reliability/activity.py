@@ -71,8 +71,8 @@ class State(NamedTuple):
     after: str = ""  # for "idle": the phase it left
 
 
-#: State from a tuple of every field, in one call: enter() and leave() run around every collective,
-#: where the NamedTuple constructor's own frame costs microseconds after the collective's wait.
+#: State from a tuple of every field, in one call: the markers run around every collective and step,
+#: where the NamedTuple constructor's own frame costs microseconds after a collective's wait.
 _state = functools.partial(tuple.__new__, State)
 
 
@@ -111,7 +111,9 @@ class Activity:
             return
         if training:
             self.step += 1
-        self.state = State("forward" if training else "forward (no grad)", site, self.step, time.monotonic(), False)
+        self.state = _state(
+            ("forward" if training else "forward (no grad)", site, self.step, time.monotonic(), False, "")
+        )
 
     def forward_done(self, training: bool) -> None:
         """The forward returned: a training one is followed by backward (DDP's gradient sync waits there)."""
@@ -119,14 +121,16 @@ class Activity:
             return
         site = self.state.site
         if training:
-            self.state = State("backward", site, self.step, time.monotonic(), True)
+            self.state = _state(("backward", site, self.step, time.monotonic(), True, ""))
         else:
-            self.state = State("idle", site, self.step, time.monotonic(), False, "forward (no grad)")
+            self.state = _state(("idle", site, self.step, time.monotonic(), False, "forward (no grad)"))
 
     def optimizer_stepped(self) -> None:
-        """The optimizer's step finished: the script's own code runs until the next marker."""
-        if not self._depth:
-            self.state = State("idle", self.state.site, self.step, time.monotonic(), False, "optimizer.step")
+        """The optimizer's step finished: the script's own code runs until the next marker (once per
+        step: torch runs the hook twice for horovod's optimizer, a subclass whose step calls its base's)."""
+        state = self.state
+        if not self._depth and state.after != "optimizer.step":
+            self.state = _state(("idle", state.site, self.step, time.monotonic(), False, "optimizer.step"))
 
 
 def attach_markers(activity: Activity, model: torch.nn.Module) -> None:

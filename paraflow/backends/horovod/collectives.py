@@ -10,9 +10,7 @@ while it ends in time. Horovod's errors become paraflow's, naming the call and t
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
@@ -120,37 +118,55 @@ class HorovodCollectives:
             raise self._not_initialized()
         return self._hvd
 
-    @contextlib.contextmanager
-    def horovod_errors(self, what: str) -> Iterator[None]:
-        """Turn horovod's errors into paraflow's, naming the collective and this rank.
+    def horovod_errors(self, what: str) -> _HorovodErrors:
+        """Context turning horovod's errors into paraflow's, naming the collective and this rank.
 
         Horovod's gloo controller reports a rank that stopped answering as "Horovod has been shut
         down" once its own timeout runs out, counted from when the job last made progress: so the
         wait is measured from the end of this rank's last horovod call, if that came earlier.
         """
-        start = time.monotonic()
-        try:
-            yield
-            self._progress_at = time.monotonic()
-        except ValueError as exc:  # horovod refuses the tensor itself (dtype, layout)
+        return _HorovodErrors(self, what)
+
+    def _raise_horovod_error(self, what: str, exc: Exception, start: float) -> None:
+        """Raise the paraflow error for horovod's `exc` in `what`, begun at time.monotonic() `start`."""
+        if isinstance(exc, ValueError):  # horovod refuses the tensor itself (dtype, layout)
             raise ConfigurationError(f"horovod cannot run the {what}: {exc}") from exc
-        except RuntimeError as exc:  # HorovodInternalError: ranks disagree, or the job broke
-            translated = translate_collective_error(  # a timeout or a lost rank: paraflow.reliability.translation
-                exc,
-                collective=f"horovod {what}",
-                rank=self.rank,
-                world_size=self.world_size,
-                backend=self.name,
-                timeout=self.timeout,
-                waited=time.monotonic() - min(start, getattr(self, "_progress_at", start)),
-                facts=stall_facts(self),
-            )
-            if translated is not None:
-                raise translated from exc
-            raise CollectiveError(
-                f"horovod {what} failed on rank {self.rank}: {str(exc).rstrip('.')}. Every rank must call the same "
-                "collectives in the same order with tensors of the same shape and dtype."
-            ) from exc
+        translated = translate_collective_error(  # a timeout or a lost rank: paraflow.reliability.translation
+            exc,
+            collective=f"horovod {what}",
+            rank=self.rank,
+            world_size=self.world_size,
+            backend=self.name,
+            timeout=self.timeout,
+            waited=time.monotonic() - min(start, getattr(self, "_progress_at", start)),
+            facts=stall_facts(self),
+        )
+        if translated is not None:
+            raise translated from exc
+        raise CollectiveError(  # HorovodInternalError: ranks disagree, or the job broke
+            f"horovod {what} failed on rank {self.rank}: {str(exc).rstrip('.')}. Every rank must call the same "
+            "collectives in the same order with tensors of the same shape and dtype."
+        ) from exc
+
+
+class _HorovodErrors:
+    """What ``horovod_errors`` returns; an object, not a generator, since every training step enters one.
+    Not re-entrant: one block at a time per object."""
+
+    __slots__ = ("_backend", "_what", "_start")
+
+    def __init__(self, backend: HorovodCollectives, what: str) -> None:
+        self._backend, self._what = backend, what
+
+    def __enter__(self) -> None:
+        self._start = time.monotonic()
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if kind is None:
+            self._backend._progress_at = time.monotonic()
+        elif issubclass(kind, (ValueError, RuntimeError)):
+            self._backend._raise_horovod_error(self._what, exc, self._start)
+        return False
 
 
 def _describe(tensor: torch.Tensor) -> str:

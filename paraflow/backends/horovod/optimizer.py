@@ -102,10 +102,19 @@ def _bound_gradient_sync(backend: HorovodBackend, optimizer: torch.optim.Optimiz
     """Bound ``optimizer.step``'s wait for the gradient allreduces by the timeout; errors become paraflow's."""
     synchronize = optimizer.synchronize
     what = "gradient allreduce in optimizer.step"
+    # Made once: every step enters them, one step at a time.
+    errors, bounded = backend.horovod_errors(what), backend.bounded(what)
 
     def bounded_synchronize() -> None:
-        with backend._marked("optimizer.step"), backend.horovod_errors(what), backend.bounded(what):
-            return synchronize()
+        activity = backend._activity  # what backend._marked("optimizer.step") does, inline
+        if activity is not None:
+            activity.enter("optimizer.step")
+        try:
+            with errors, bounded:
+                return synchronize()
+        finally:
+            if activity is not None:
+                activity.leave("optimizer.step")
 
     optimizer.synchronize = bounded_synchronize
 
