@@ -91,6 +91,9 @@ def test_calls_nest_under_the_outer_one_and_forwards_mark_steps():
     assert site_text(activity.state.site) == f"test_stall_report.py:{forward_line}"
     optimizer.step()
     assert (activity.state.call, activity.state.after) == ("idle", "optimizer.step")
+    stepped = activity.state
+    activity.optimizer_stepped()  # torch runs the hook again for a subclass whose step calls its base's
+    assert activity.state is stepped, "one step is recorded once"
     with torch.no_grad():
         model(torch.ones(1, 2))  # evaluation: not a step, not a wait
     assert (activity.step, activity.state.waits) == (1, False)
