@@ -126,8 +126,9 @@ class Activity:
             self.state = _state(("idle", site, self.step, time.monotonic(), False, "forward (no grad)"))
 
     def optimizer_stepped(self) -> None:
-        """The optimizer's step finished: the script's own code runs until the next marker (once per
-        step: torch runs the hook twice for horovod's optimizer, a subclass whose step calls its base's)."""
+        """The optimizer's step finished: the script's own code runs until the next marker. Recorded
+        once: horovod's gradient wait already records it as it leaves, and torch runs the hook twice
+        for horovod's optimizer (a subclass whose step calls its base's)."""
         state = self.state
         if not self._depth and state.after != "optimizer.step":
             self.state = _state(("idle", state.site, self.step, time.monotonic(), False, "optimizer.step"))
