@@ -21,10 +21,9 @@ ranks of one host post their descriptors in shared memory and the repeated colle
 barrier (:mod:`paraflow.reliability.check_board`), whatever its size (a small one then costs one
 collective of its own size instead of a frame); ranks on several hosts over gloo carry them in
 the repeated allreduce itself when it is larger than a frame's payload
-(:mod:`paraflow.reliability.check_bundle`). The repeated call
-itself, made again with the board open, takes a short path
-(``paraflow.core.collectives.Collectives._repeat``): the same posting and reading of the board,
-with the descriptor packed once.
+(:mod:`paraflow.reliability.check_bundle`). The repeated call itself, made again with the board
+open, takes a short path (:mod:`paraflow.core.repeated_call`): the same posting and reading of
+the board, with the descriptor packed once.
 
 Overlapping needs the backend's asynchronous hooks (``_start_allgather``, ``_start_allreduce``,
 ``_start_broadcast``, each returning a function that waits and gives the result); without them
