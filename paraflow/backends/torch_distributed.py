@@ -178,12 +178,12 @@ class TorchDistributedBackend(Backend):
         work = self._on_comm_device(tensor)
         reduce_op, divide = self._reduce_ops[op]
         dist.all_reduce(work, op=reduce_op)
-        return self._reduced(tensor, work, divide)
+        return self._result(tensor, work, divide)
 
     def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         work = self._on_comm_device(tensor)
         dist.broadcast(work, src=src)
-        return work if work is tensor else work.to(tensor.device)
+        return self._result(tensor, work)
 
     # Asynchronous forms: each starts the operation and returns the function that waits for its result.
     def _start_allreduce(self, tensor: torch.Tensor, op: str) -> Callable[[], torch.Tensor]:
@@ -193,12 +193,12 @@ class TorchDistributedBackend(Backend):
 
         def finish() -> torch.Tensor:
             handle.wait()
-            return self._reduced(tensor, work, divide)
+            return self._result(tensor, work, divide)
 
         return finish
 
-    def _reduced(self, tensor: torch.Tensor, work: torch.Tensor, divide: bool) -> torch.Tensor:
-        """`work` reduced, as `tensor`'s result: divided where the mean was a sum, on `tensor`'s device."""
+    def _result(self, tensor: torch.Tensor, work: torch.Tensor, divide: bool = False) -> torch.Tensor:
+        """`work` as `tensor`'s result: divided where a mean was reduced as a sum, on `tensor`'s device."""
         if divide:
             work.div_(self.world_size)
         return work if work is tensor else work.to(tensor.device)
@@ -219,7 +219,7 @@ class TorchDistributedBackend(Backend):
 
         def finish() -> torch.Tensor:
             handle.wait()
-            return work if work is tensor else work.to(tensor.device)
+            return self._result(tensor, work)
 
         return finish
 
