@@ -102,8 +102,8 @@ def call_site() -> str:
 
 def site_of(frame) -> str:
     """file:line of `frame`, or of its first caller outside paraflow, torch and horovod."""
-    known = _LIBRARY_CODE.get
-    while frame is not None and (known(frame.f_code) or (known(frame.f_code) is None and is_library(frame))):
+    known = _LIBRARY_CODE.get  # the cached answer inline; is_library only for code not seen yet
+    while frame is not None and ((library := known(frame.f_code)) or (library is None and is_library(frame))):
         frame = frame.f_back
     if frame is None:
         return "?"
