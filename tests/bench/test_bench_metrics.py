@@ -75,6 +75,7 @@ def test_bandwidths_follow_nccl_tests():
 def test_sweep_check_patterns_are_exact_and_count_wrong_elements(dtype):
     n, count = 3, 30
     rows = [pattern(r, count, dtype) for r in range(n)]
+    assert rows[2].tolist() == [3.0 * (i % 13 + 1) for i in range(count)] and rows[2].is_contiguous()
     total = sum(rows)
     assert torch.equal(total, expected("allreduce", n, 0, count, dtype))
     assert expected("allreduce", n, 0, count, dtype)[:3].tolist() == [6.0, 12.0, 18.0]  # 1+2+3 times (i % 13 + 1)

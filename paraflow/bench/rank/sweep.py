@@ -59,8 +59,10 @@ def iterations_for(size_bytes: int) -> int:
 
 
 def pattern(rank: int, count: int, dtype: torch.dtype = torch.float32, device="cpu") -> torch.Tensor:
-    """Rank `rank`'s input: (rank + 1) * (i % 13 + 1)."""
-    return ((torch.arange(count, device=device) % 13 + 1) * (rank + 1)).to(dtype)
+    """Rank `rank`'s input: (rank + 1) * (i % 13 + 1), tiled from its first 13 elements (an
+    element-wise modulo over 16M elements took 0.4 s, a tenth of a 64 MB sweep step)."""
+    period = (torch.arange(1, 14, device=device) * (rank + 1)).to(dtype)
+    return period.repeat(-(-count // 13))[:count]
 
 
 def expected(collective: str, n: int, rank: int, count: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
