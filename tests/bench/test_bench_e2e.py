@@ -90,7 +90,6 @@ EXPECTED_CELLS = {
     "single-python-1-aa-r1",
     "single-python-1-aa-r2",
     *{f"{c}-r{r}" for c in ("single-python-1", "ddp-gloo-torchrun-2") for r in range(1, REPEAT + 1)},
-    "overhead-ddp-gloo-torchrun-2",
     "ddp-gloo-torchrun-2-trace",
     *TUNED,
 }

@@ -102,9 +102,11 @@ def test_worker_arguments_per_kind():
     memcpy = worker_args(Cell("memcpy", None, "python", 1, 1), config, Path("/o"))
     assert memcpy == ["--out", "/o", "--pin", "--memcpy-sizes", "4096,16384", "--threads", "1"]
     assert "--pin" not in worker_args(Cell("memcpy", None, "python", 1, 1), BenchConfig(pin="off"), Path("/o"))
-    overhead = worker_args(Cell("overhead", "horovod", "mpirun", 2, 1, MLP), config, Path("/o"))
-    assert overhead[overhead.index("--overhead") + 1] == "mlp:width=16"
-    assert overhead[overhead.index("--steps") + 1] == str(config.overhead_steps)
+    assert "--overhead" not in train
+    overhead = worker_args(Cell("train", "horovod", "mpirun", 2, 1, MLP, overhead=MLP[0]), config, Path("/o"))
+    assert overhead[overhead.index("--overhead") + 1] == "mlp:width=16" and "--model" in overhead
+    assert overhead[overhead.index("--overhead-pairs") + 1] == str(config.overhead_steps)
+    assert overhead[overhead.index("--overhead-seconds") + 1] == f"{config.overhead_seconds:g}"
 
 
 def test_missing_tabulate_or_matplotlib_says_how_to_install(monkeypatch):
@@ -144,3 +146,4 @@ def test_local_update_skips_horovod_style_synchronisation_only():
         assert Synchronising.skipped
     with local_update(torch.optim.SGD([param], lr=0.1)) as entered:
         assert entered is None
+

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from paraflow.bench.driver.config import BenchConfig
+from paraflow.bench.driver.config import BenchConfig, ModelSpec
 from paraflow.bench.driver.extra_launches import run_extra_launches, wide_groups
 from paraflow.bench.driver.matrix import Cell, build_matrix
 from paraflow.bench.driver.runner import failure_reason
@@ -45,7 +45,7 @@ def train_task(step_s, window_s, losses, peak, batch=32, n=1, **extra):
 def cell(
     kind, backend, launcher, nproc, ranks, status="ok", error=None, sweep=False, models=("mlp",), repeat=1, tag=""
 ):
-    group = f"{'overhead-' if kind == 'overhead' else ''}{backend}-{launcher}-{nproc}{'-' + tag if tag else ''}"
+    group = f"{backend}-{launcher}-{nproc}{'-' + tag if tag else ''}"
     return {
         "id": f"{group}-r{repeat}" if repeat else group,
         "group": group,
@@ -217,7 +217,7 @@ def overhead_cell(n, pf, raw, control, own=None):
         if own:
             task.update(own_python_s=[own[0]] * 3, late_wait_s=[own[1]] * 3)
         tasks.append(rank(r, n, {"overhead": task}))
-    return cell("overhead", "ddp-gloo", "torchrun", n, tasks, repeat=0)
+    return {**cell("train", "ddp-gloo", "torchrun", n, tasks, repeat=3), "overhead": "mlp"}
 
 
 def test_overhead_row_pairs_rounds_and_checks_the_control():
@@ -296,12 +296,14 @@ def test_matrix_on_a_two_core_host_without_gpu():
         "single-python-1-aa-r2",
         *[f"{t}-r1" for t in train],  # round 1 launches every cell, then round 2
         *[f"{t}-r2" for t in train],
-        "overhead-ddp-gloo-torchrun-1",
-        "overhead-ddp-gloo-torchrun-2",
-        "overhead-horovod-mpirun-1",
-        "overhead-horovod-mpirun-2",
     ]
     by_id = {c.id: c for c in m.cells}
+    # the abstraction overhead rides in the last planned launch, under each backend's first launcher
+    overhead = {c.id for c in m.cells if c.overhead is not None}
+    assert overhead == {
+        f"{g}-r2" for g in ("ddp-gloo-torchrun-1", "ddp-gloo-torchrun-2", "horovod-mpirun-1", "horovod-mpirun-2")
+    }
+    assert {c.overhead for c in m.cells if c.overhead is not None} == {BenchConfig().models[0]}
     # one thread per process at every count on 2 cores: the baseline computes as each rank of 2 does
     assert {c.threads for c in m.cells} == {1}
     assert by_id["single-python-1-aa-r1"].models == (BenchConfig().models[0],)
@@ -327,7 +329,7 @@ def test_matrix_on_a_gpu_host_adds_dp_and_ddp_nccl_up_to_the_gpu_count():
     )
     ids = [c.id for c in m.cells]
     assert "dp-python-1-r1" in ids and "ddp-nccl-torchrun-2-r1" in ids and "ddp-nccl-torchrun-4-r1" not in ids
-    assert "memcpy" not in ids and not any(i.startswith("overhead") or "-aa-" in i for i in ids)
+    assert "memcpy" not in ids and not any(c.overhead or "-aa-" in c.id for c in m.cells)
     assert {c.threads for c in m.cells} == {4}  # 16 cores over the largest count, at every count
 
 
@@ -422,7 +424,8 @@ def _planned(repeat):
     cells = []
     for r in range(1, repeat + 1):
         cells += [Cell("train", "single", "python", 1, 1, ("mlp",), repeat=r)]
-        cells += [Cell("train", "ddp-gloo", "torchrun", 2, 1, ("mlp",), sweep=True, repeat=r)]
+        overhead = ModelSpec.parse("mlp") if r == repeat else None  # the last planned launch carries it
+        cells += [Cell("train", "ddp-gloo", "torchrun", 2, 1, ("mlp",), sweep=True, repeat=r, overhead=overhead)]
     return cells
 
 
@@ -442,10 +445,10 @@ def test_only_cells_whose_interval_stays_wide_get_more_launches_within_the_budge
 
     config = BenchConfig(repeat=3, max_repeat=5, time_budget=60.0)
     extra = run_extra_launches(_planned(3), done, config, time.monotonic(), launch)
-    # still wide after the fourth launch, so a fifth; never past --max-repeat; never the sweep
-    assert [(c.group, c.repeat, c.sweep) for c in launched] == [
-        ("ddp-gloo-torchrun-2", 4, False),
-        ("ddp-gloo-torchrun-2", 5, False),
+    # still wide after the fourth launch, so a fifth; never past --max-repeat; never the sweep or the overhead
+    assert [(c.group, c.repeat, c.sweep, c.overhead) for c in launched] == [
+        ("ddp-gloo-torchrun-2", 4, False, None),
+        ("ddp-gloo-torchrun-2", 5, False, None),
     ]
     assert len(extra) == 2
     launched.clear()  # a run that has spent its time budget launches nothing more

@@ -5,9 +5,10 @@ every model in turn (then, with two or more processes, the collective sweep). Ev
 cell is launched `repeat` times, round after round (round r launches every cell once), so a
 slow minute of the machine touches every cell alike rather than all launches of one. Before
 the rounds, an A/A pair launches the first cell twice on the first model: how far two launches
-of the same thing disagree is this machine's noise floor. Separate cells measure memory-copy
-bandwidth and the abstraction overhead against hand-written loops, at one process and at the
-largest process count.
+of the same thing disagree is this machine's noise floor. A separate cell measures memory-copy
+bandwidth. The abstraction overhead against hand-written loops, at one process and at the
+largest process count, rides in the last planned launch of the cells it concerns, after their
+training: a launch of its own would cost the launcher's start and exit again (2-4 s here).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Optional
 from ...core.placement import cores
 from ...core.registry import spec
 from ...errors import ConfigurationError, UnknownBackendError
-from .config import BenchConfig
+from .config import BenchConfig, ModelSpec
 
 __all__ = ["Cell", "Matrix", "build_matrix", "BASELINE"]
 
@@ -29,8 +30,8 @@ BASELINE = "single"
 
 @dataclass(frozen=True)
 class Cell:
-    """One launch: `kind` is "train" (a backend's models, maybe the collective sweep), "memcpy"
-    (this machine's memory-copy bandwidth) or "overhead" (paraflow against a raw loop)."""
+    """One launch: `kind` is "train" (a backend's models, maybe the collective sweep, maybe the
+    abstraction overhead on model `overhead`) or "memcpy" (this machine's memory-copy bandwidth)."""
 
     kind: str
     backend: Optional[str]
@@ -42,6 +43,7 @@ class Cell:
     tag: str = ""  # tells apart two cells that would otherwise share an id ("aa": the A/A pair)
     repeat: int = 0  # which launch of the same cell (1, 2, ...); 0 for cells launched once
     options: tuple = ()  # backend options as sorted (name, value) pairs (a tuning setting)
+    overhead: Optional[ModelSpec] = None  # the model of paraflow against a raw loop, after training
 
     @property
     def group(self) -> str:
@@ -49,8 +51,7 @@ class Cell:
         suffix = f"-{self.tag}" if self.tag else ""
         if self.kind == "memcpy":
             return "memcpy" + suffix
-        prefix = "overhead-" if self.kind == "overhead" else ""
-        return f"{prefix}{self.backend}-{self.launcher}-{self.nproc}{suffix}"
+        return f"{self.backend}-{self.launcher}-{self.nproc}{suffix}"
 
     @property
     def id(self) -> str:
@@ -63,12 +64,9 @@ class Cell:
         if self.kind == "memcpy":
             return f"memory-copy bandwidth ({self.threads} thread{'s' * (self.threads > 1)})"
         procs = f"{self.nproc} process{'es' * (self.nproc > 1)}"
-        if self.kind == "overhead":
-            return (
-                f"abstraction overhead: {self.backend} via paraflow vs raw, {self.launcher}, {procs}, "
-                f"{self.models[0].label}"
-            )
         what = ", ".join(m.label for m in self.models) + (" + collective sweep" if self.sweep else "")
+        if self.overhead is not None:
+            what += f" + abstraction overhead ({self.overhead.label})"
         launch = f" · launch {self.repeat}" if self.repeat else ""
         aa = "A/A check: " if self.tag == "aa" else ""
         if self.options:
@@ -181,19 +179,13 @@ def build_matrix(
         first = train_cells[0]
         for r in (1, 2):
             matrix.cells.append(replace(first, models=models[:1], sweep=False, tag="aa", repeat=r))
+    measured = _overhead_groups(config, names, train_cells) if config.overhead else set()
     for r in range(1, config.repeat + 1):
-        matrix.cells.extend(replace(cell, repeat=r) for cell in train_cells)
-
-    if config.overhead:
-        for name in names:
-            cls, presets = _backend_class(name), spec(name).presets
-            launcher = cls.LAUNCHERS[0]
-            if cls.raw_loop(**presets) is None or (config.launchers and launcher not in config.launchers):
-                continue
-            limit = cls.process_limit(cuda_devices, **presets)
-            for n in sorted({min(config.nprocs), max(config.nprocs)}):
-                if cls.MULTI_PROCESS and (limit is None or n <= limit):
-                    matrix.cells.append(Cell("overhead", name, launcher, n, threads, (config.overhead_model,)))
+        last = r == config.repeat
+        matrix.cells.extend(
+            replace(cell, repeat=r, overhead=config.overhead_model if last and cell.group in measured else None)
+            for cell in train_cells
+        )
     if config.trace:
         widest = max((c.nproc for c in train_cells if c.nproc >= 2), default=0)
         matrix.cells.extend(replace(c, sweep=False, tag="trace") for c in train_cells if c.nproc == widest)
@@ -202,3 +194,14 @@ def build_matrix(
 
         matrix.cells.extend(tune_cells(train_cells, config.tune_values, lambda b: _backend_class(b).OPTIONS))
     return matrix
+
+
+def _overhead_groups(config: BenchConfig, names: list, train_cells: list) -> set:
+    """Groups whose last planned launch also measures the abstraction overhead: each backend with
+    a hand-written loop, under its first launcher, at the fewest and the most processes."""
+    wanted = set()
+    for name in names:
+        cls, presets = _backend_class(name), spec(name).presets
+        if cls.MULTI_PROCESS and cls.raw_loop(**presets) is not None:
+            wanted |= {(name, cls.LAUNCHERS[0], n) for n in (min(config.nprocs), max(config.nprocs))}
+    return {c.group for c in train_cells if (c.backend, c.launcher, c.nproc) in wanted}

@@ -62,6 +62,7 @@ class CellResult:
             "threads": c.threads,
             "models": [str(m) for m in c.models],
             "sweep": c.sweep,
+            "overhead": None if c.overhead is None else str(c.overhead),
             "options": dict(c.options),
             "command": command_line(self.command, self.env),
             "status": self.status,
@@ -103,15 +104,6 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
         "--seed",
         str(config.seed),
     ]
-    if cell.kind == "overhead":
-        return args + [
-            "--steps",
-            str(config.overhead_steps),
-            "--max-seconds",
-            str(config.overhead_seconds),
-            "--overhead",
-            str(cell.models[0]),
-        ]
     args += ["--steps", str(config.steps), "--min-window", str(config.min_window)]
     args += ["--max-warmup", str(config.max_warmup), "--scaling", ",".join(config.scaling)]
     for spec in cell.models:
@@ -123,6 +115,9 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
         args += ["--sweep-sizes", ",".join(map(str, config.sizes))]
         args += ["--collectives", ",".join(config.collectives), "--dtypes", ",".join(config.dtypes)]
         args += ["--rounds", str(config.sweep_rounds)]
+    if cell.overhead is not None:
+        args += ["--overhead", str(cell.overhead), "--overhead-pairs", str(config.overhead_steps)]
+        args += ["--overhead-seconds", f"{config.overhead_seconds:g}"]
     return args
 
 

@@ -1,7 +1,8 @@
 """Abstraction overhead, per rank: the same step through paraflow and by hand, interleaved.
 
-The raw library is set up first (init_process_group or hvd.init), then paraflow joins the job
-it started. Three sides train identical models (same seed) with the same step function: paraflow
+It runs after a launch's training, on the library paraflow started there (the process group,
+or horovod): the hand-written loops use it as the tutorials' scripts use theirs. Three sides
+train identical models (same seed) with the same step function: paraflow
 (wrap_model, wrap_optimizer), raw (the backend's ``raw_loop``, by hand) and an A/A control (a
 second raw loop: a measurement that must find no difference). Each side has INSTANCES models,
 built in a shuffled order, and each round steps every instance once in a shuffled order (the
@@ -23,7 +24,6 @@ import math
 import random
 import statistics
 import time
-from typing import Callable, Optional
 
 import torch
 
@@ -68,7 +68,7 @@ def _model(spec: ModelSpec, in_shape, classes: int, seed: int) -> torch.nn.Modul
 
 
 def run_overhead(
-    backend_name: str,
+    backend,
     spec: ModelSpec,
     data: str,
     batch_size: int,
@@ -77,79 +77,69 @@ def run_overhead(
     seed: int,
     profile_steps: int = 20,
     max_seconds: float = 20.0,
-    after_init: Optional[Callable[[], None]] = None,
 ) -> dict:
-    """Time `pairs` paraflow / raw / control steps of `spec` each (fewer when they would take
-    longer than about `max_seconds`, at least MIN_PAIRS; rounded up to whole rounds of INSTANCES),
-    returns this rank's numbers. `after_init` runs once both the raw library and paraflow have
-    started (the benchmark pins there)."""
-    import paraflow
-
+    """Time `pairs` paraflow / raw / control steps of `spec` each on the started paraflow
+    `backend` (fewer when they would take longer than about `max_seconds`, at least MIN_PAIRS;
+    rounded up to whole rounds of INSTANCES), returns this rank's numbers."""
     from ...core.registry import spec as registered
+    from ...errors import ConfigurationError
 
-    registration = registered(backend_name)
+    registration = registered(backend.name)
     raw = registration.load().raw_loop(**registration.presets)
     loops = {"raw": raw, "control": registration.load().raw_loop(**registration.presets)}
     if raw is None:
-        raise paraflow.ConfigurationError(f"backend {backend_name!r} has no hand-written loop to compare with.")
-    raw.init()
-    backend = paraflow.init(backend_name)
-    if after_init is not None:
-        after_init()
-    try:
-        device = backend.device
-        plan = random.Random(seed)  # the same builds and steps in the same order on every rank
-        batches = {side: make_batches(backend, data, batch_size, seed) for side in SIDES}
-        _, in_shape, classes = batches["raw"]
-        steps, wrappers = {}, {}
-        for side, j in build_order(plan):
-            if side == "paraflow":
-                model = backend.wrap_model(_model(spec, in_shape, classes, seed))
-                optimizer = backend.wrap_optimizer(
-                    torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model
-                )
-            else:
-                model, optimizer = loops[side].wrap(_model(spec, in_shape, classes, seed), device, LEARNING_RATE)
-            steps[side, j] = make_step(model, optimizer, device)
-            wrappers[side] = f"{type(model).__name__} / {type(optimizer).__name__}"
+        raise ConfigurationError(f"backend {backend.name!r} has no hand-written loop to compare with.")
+    device = backend.device
+    plan = random.Random(seed)  # the same builds and steps in the same order on every rank
+    batches = {side: make_batches(backend, data, batch_size, seed) for side in SIDES}
+    _, in_shape, classes = batches["raw"]
+    steps, wrappers = {}, {}
+    for side, j in build_order(plan):
+        if side == "paraflow":
+            model = backend.wrap_model(_model(spec, in_shape, classes, seed))
+            optimizer = backend.wrap_optimizer(
+                torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model
+            )
+        else:
+            model, optimizer = loops[side].wrap(_model(spec, in_shape, classes, seed), device, LEARNING_RATE)
+        steps[side, j] = make_step(model, optimizer, device)
+        wrappers[side] = f"{type(model).__name__} / {type(optimizer).__name__}"
 
-        def run(instance: tuple) -> float:
-            t0 = time.perf_counter()
-            steps[instance](*next(batches[instance[0]][0]))
-            device_sync(device)
-            return time.perf_counter() - t0
+    def run(instance: tuple) -> float:
+        t0 = time.perf_counter()
+        steps[instance](*next(batches[instance[0]][0]))
+        device_sync(device)
+        return time.perf_counter() - t0
 
-        warm_pairs = [sum(run(i) for i in order) / INSTANCES for order in step_orders(plan, max(warmup, 10))]
-        count = pairs_within(backend, pairs, statistics.median(warm_pairs[len(warm_pairs) // 2 :]), max_seconds)
-        backend.barrier()
-        times = {side: [[] for _ in range(INSTANCES)] for side in SIDES}
-        for order in step_orders(plan, math.ceil(count / INSTANCES)):
-            for side, j in order:
-                times[side][j].append(run((side, j)))
-        backend.barrier()
-        # pair k of a side: instance k % INSTANCES in round k // INSTANCES
-        times = {side: [t for row in zip(*times[side]) for t in row] for side in SIDES}
-        own = profile_own_code(lambda: run(("paraflow", 0)), profile_steps)
-        backend.barrier()
-        result = {
-            "rank": backend.rank,
-            "world_size": backend.world_size,
-            "device": str(device),
-            "library": raw.library,
-            "model": spec.label,
-            "model_spec": str(spec),
-            "pairs": len(times["paraflow"]),
-            "pairs_asked": pairs,
-            "instances": INSTANCES,
-            "warmup_rounds": max(warmup, 10),
-            "paraflow_step_s": times["paraflow"],
-            "raw_step_s": times["raw"],
-            "control_step_s": times["control"],
-            **own,
-            "paraflow_wrapper": wrappers["paraflow"],
-            "raw_wrapper": wrappers["raw"],
-        }
-    finally:
-        backend.shutdown()
-        raw.shutdown()
+    warm_pairs = [sum(run(i) for i in order) / INSTANCES for order in step_orders(plan, max(warmup, 10))]
+    count = pairs_within(backend, pairs, statistics.median(warm_pairs[len(warm_pairs) // 2 :]), max_seconds)
+    backend.barrier()
+    times = {side: [[] for _ in range(INSTANCES)] for side in SIDES}
+    for order in step_orders(plan, math.ceil(count / INSTANCES)):
+        for side, j in order:
+            times[side][j].append(run((side, j)))
+    backend.barrier()
+    # pair k of a side: instance k % INSTANCES in round k // INSTANCES
+    times = {side: [t for row in zip(*times[side]) for t in row] for side in SIDES}
+    own = profile_own_code(lambda: run(("paraflow", 0)), profile_steps)
+    backend.barrier()
+    result = {
+        "rank": backend.rank,
+        "world_size": backend.world_size,
+        "device": str(device),
+        "library": raw.library,
+        "model": spec.label,
+        "model_spec": str(spec),
+        "pairs": len(times["paraflow"]),
+        "pairs_asked": pairs,
+        "seconds_allowed": max_seconds,
+        "instances": INSTANCES,
+        "warmup_rounds": max(warmup, 10),
+        "paraflow_step_s": times["paraflow"],
+        "raw_step_s": times["raw"],
+        "control_step_s": times["control"],
+        **own,
+        "paraflow_wrapper": wrappers["paraflow"],
+        "raw_wrapper": wrappers["raw"],
+    }
     return result

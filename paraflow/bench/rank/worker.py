@@ -1,9 +1,9 @@
 """What each rank of a benchmark launch runs; writes its raw numbers to OUT/rank<R>.json.
 
     <launcher> python -m paraflow.bench.rank.worker --out DIR --backend NAME --model mlp --model cnn \
-        [--sweep-sizes 4096,65536 --collectives allreduce,allgather --dtypes float32] [--scaling weak,strong] ...
+        [--sweep-sizes 4096,65536 --collectives allreduce,allgather --dtypes float32] [--scaling weak,strong] \
+        [--overhead mlp --overhead-pairs 150 --overhead-seconds 8] ...
     python -m paraflow.bench.rank.worker --out DIR --memcpy-sizes 4096,65536 --threads 1
-    torchrun --nproc_per_node 2 -m paraflow.bench.rank.worker --out DIR --backend ddp-gloo --overhead mlp
 
 The file is rewritten after every task, so a launch that dies part-way keeps what it finished.
 """
@@ -65,14 +65,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-warmup", type=float, default=2.0, help="seconds of warm-up steps, at most")
     p.add_argument("--pin", action="store_true", help="bind this rank to cores of its own")
     p.add_argument("--memcpy-sizes", type=_sizes, default=[], help="comma-separated bytes")
-    p.add_argument("--overhead", help="model spec for paraflow-vs-raw abstraction overhead")
+    p.add_argument("--overhead", help="model spec for paraflow-vs-raw abstraction overhead, after training")
+    p.add_argument("--overhead-pairs", type=int, default=150, help="overhead: paraflow/raw/control step pairs")
+    p.add_argument("--overhead-seconds", type=float, default=20.0, help="overhead: seconds of pairs, about, at most")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the memory copy")
     p.add_argument("--data", default="synthetic")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=30, help="timed steps (overhead: rounds), at least")
+    p.add_argument("--steps", type=int, default=30, help="timed steps, at least")
     p.add_argument("--profile-steps", type=int, default=20, help="overhead: steps under the own-code profiler")
-    p.add_argument("--max-seconds", type=float, default=20.0, help="overhead: seconds of rounds, about, at most")
     p.add_argument("--min-window", type=float, default=0.0, help="seconds the timed window lasts, at least")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome trace of a few steps per model here")
@@ -131,36 +132,9 @@ def main(argv=None) -> int:
         print("worker: --backend is required for training, allreduce and overhead tasks", file=sys.stderr)
         return 2
 
-    from ..driver.config import ModelSpec
-
-    if args.overhead:
-        from .overhead import run_overhead
-
-        result = run_overhead(
-            args.backend,
-            ModelSpec.parse(args.overhead),
-            args.data,
-            args.batch_size,
-            args.warmup,
-            args.steps,
-            args.seed,
-            args.profile_steps,
-            args.max_seconds,
-            after_init=pin,
-        )
-        meta = {
-            **_meta(pinned=pinned or None),
-            **free,
-            "rank": result["rank"],
-            "world_size": result["world_size"],
-            "backend": args.backend,
-            "device": result["device"],
-        }
-        RankFile(args.out, result["rank"], meta).add("overhead", result)
-        return 0
-
     import paraflow
 
+    from ..driver.config import ModelSpec
     from ..driver.tune import option_value
     from .train_loop import run_training
 
@@ -185,6 +159,21 @@ def main(argv=None) -> int:
             collectives, dtypes = args.collectives.split(","), args.dtypes.split(",")
             sweep = run_sweep(backend, raw, args.sweep_sizes, collectives, dtypes, rounds=args.rounds)
             rank_file.add("sweep", sweep)
+        if args.overhead:
+            from .overhead import run_overhead
+
+            overhead = run_overhead(
+                backend,
+                ModelSpec.parse(args.overhead),
+                args.data,
+                args.batch_size,
+                args.warmup,
+                args.overhead_pairs,
+                args.seed,
+                args.profile_steps,
+                args.overhead_seconds,
+            )
+            rank_file.add("overhead", overhead)
     return 0
 
 

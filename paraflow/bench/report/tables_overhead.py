@@ -121,19 +121,23 @@ def _row(ident: dict, tasks: list) -> dict:
 
 
 def overhead_rows(cells: list) -> list:
-    """One row per overhead cell: medians, paired and control overheads with intervals, direct bounds, verdict."""
+    """One row per cell group that measured the abstraction overhead (in the launch that carried
+    it): medians, paired and control overheads with intervals, direct bounds, verdict."""
     rows = []
-    for _, launches in groups(cells, "overhead").items():
-        cell = launches[0]
+    for _, launches in groups(cells, "train").items():
+        carried = [c for c in launches if c.get("overhead")]
+        if not carried:
+            continue
+        cell = carried[0]
         ident = {
             "backend": cell["backend"],
             "launcher": cell["launcher"],
             "processes": cell["nproc"],
-            "model": cell["models"][0] if cell["models"] else None,
+            "model": cell["overhead"],
         }
         tasks = task_of(cell, "overhead")
         if tasks is None:
-            status = group_status(launches, 0, "overhead result")
+            status = group_status(carried, 0, "overhead result")
             rows.append({**dict.fromkeys(OVERHEAD_COLUMNS), **ident, "status": status})
             continue
         rows.append(_row(ident, tasks))

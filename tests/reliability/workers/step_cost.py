@@ -15,6 +15,7 @@ import sys
 import numpy as np
 from mpi4py import MPI  # owns MPI, so horovod can start once per round
 
+import paraflow
 from paraflow.bench.driver.config import ModelSpec
 from paraflow.bench.rank.overhead import run_overhead
 
@@ -29,7 +30,8 @@ def interval(values: list) -> tuple:
 def main(model: str, pairs: int, rounds: int) -> None:
     ratios, paraflow_s, raw_s = [], [], []
     for _ in range(rounds):
-        result = run_overhead("horovod", ModelSpec.parse(model), "synthetic", 32, 20, pairs, seed=0)
+        with paraflow.init("horovod") as backend:
+            result = run_overhead(backend, ModelSpec.parse(model), "synthetic", 32, 20, pairs, seed=0)
         mine = np.array([result["paraflow_step_s"], result["raw_step_s"]], dtype=np.float64)
         slowest = np.empty_like(mine)
         MPI.COMM_WORLD.Allreduce(mine, slowest, op=MPI.MAX)  # a step lasts as long as its slowest rank
