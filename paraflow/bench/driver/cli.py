@@ -56,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--time-budget",
         type=float,
         default=270.0,
-        help="seconds of the run after which no extra launch starts (default: %(default)s)",
+        help="seconds of the run after which no extra launch starts; the abstraction overhead's pairs shrink "
+        "(to 60 at least) when the planned launches would run past it (default: %(default)s)",
     )
     p.add_argument(
         "--threads",
@@ -126,7 +127,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--overhead-seconds",
         type=float,
         default=8.0,
-        help="fewer overhead pairs when they would take longer than this, at least 60 (default: 8)",
+        help="fewer overhead pairs when they would take longer than this, or than --time-budget leaves them, "
+        "at least 60 (default: 8)",
     )
     p.add_argument("--overhead-model", default=None, help="model for the abstraction overhead (default: first)")
     p.add_argument(

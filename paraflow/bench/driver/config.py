@@ -124,7 +124,8 @@ class BenchConfig:
         max_repeat: launches a cell may get in all when its interval stays wider than `noisy`
             after `repeat` (extra_launches.py; None: `repeat`, no extra launch).
         time_budget: extra launches start only while the run has taken less than this many
-            seconds, counting the launch about to start.
+            seconds, counting the launch about to start; the abstraction overhead's pairs shrink
+            when the planned launches would run past it (overhead_budget.py).
         threads: torch threads per process, the same at every process count, so that a rank of N
             processes computes as the one-process baseline does and weak-scaling efficiency
             measures parallel cost only (None: the cores divided by the largest process count).
@@ -145,7 +146,8 @@ class BenchConfig:
             least (smaller sizes get more: as many as moving about 256 MB takes, up to 40 below
             1 MB and 200 from 1 MB up).
         overhead_steps: paraflow/raw/control step pairs for the abstraction overhead.
-        overhead_seconds: fewer pairs when they would take longer than about this (at least 60).
+        overhead_seconds: fewer pairs when they would take longer than about this, or than the
+            time budget leaves them (at least 60).
         overhead_model: model for the abstraction overhead (default: the first of models).
         launchers: restrict to these launchers (None: each backend's own).
         timeout: seconds each launch may take before its whole process group is killed.

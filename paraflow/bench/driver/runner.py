@@ -8,7 +8,7 @@ import re
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -16,6 +16,7 @@ from ...environment.launchers import launcher_variables
 from ...tools.launch import launch_command, run_launch
 from .config import BenchConfig
 from .matrix import Cell
+from .overhead_budget import overhead_seconds
 from .scratch import launch_scratch
 from .speed_probe import probe_ms
 from .trace_launch import trace_args, trace_env
@@ -281,7 +282,11 @@ def run_cells(
         if progress:
             left = "" if heading else f", {total - i} left"
             print(f"{place} {_clock(elapsed)} elapsed{left} · {cell.label}", file=progress, flush=True)
-        result = run_cell(cell, config, raw_dir, timeout, entry, cluster)
+        launch_config = config
+        if cell.overhead is not None:
+            seconds = overhead_seconds(config, elapsed, cells[i - 1 :], results)
+            launch_config = replace(config, overhead_seconds=round(seconds, 1))
+        result = run_cell(cell, launch_config, raw_dir, timeout, entry, cluster)
         result.probe_ms = round(probe_ms(), 3)
         results.append(result)
         tuning_s += result.elapsed_s if cell.options else 0.0
