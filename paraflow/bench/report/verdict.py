@@ -123,7 +123,7 @@ def training_verdict(rows: list, estimates: list, noise_floor: float = 0.0, marg
 
 
 def overhead_lines(rows: list) -> list:
-    """One entry per abstraction-overhead cell: within 1% yes / no / unresolved, with the numbers."""
+    """One entry per abstraction-overhead measurement: within 1% yes / no / unresolved, with the numbers."""
     out = []
     for row in rows:
         if row.get("within_target") is None:
