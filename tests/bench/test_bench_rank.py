@@ -219,3 +219,21 @@ def test_overhead_models_are_built_and_stepped_in_shuffled_orders_the_same_on_ev
     assert all(sorted(order) == everyone for order in rounds)
     assert len({tuple(order) for order in rounds}) > 20  # a fresh order each round
     assert any(f"{INSTANCES} models" in line for line in DEFINITIONS)  # results.md says how many
+
+
+def test_worker_skips_interpreter_teardown_except_under_mpi(monkeypatch):
+    from paraflow.bench.rank import worker
+
+    exits = []
+    monkeypatch.setattr(worker.os, "_exit", exits.append)
+    for key in [k for k in os.environ if k.startswith(("OMPI_", "PMI", "PMIX_"))]:
+        monkeypatch.delenv(key)
+    worker.leave(3)
+    assert exits == [3]  # straight out, once the rank file is written
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+    with pytest.raises(SystemExit) as exited:  # MPI_Finalize must run at interpreter exit
+        worker.leave(4)
+    assert exited.value.code == 4 and exits == [3]
