@@ -131,7 +131,8 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
 
     @classmethod
     def raw_loop(cls, **presets: Any) -> Optional[Any]:
-        """The same training set up by hand on the raw library (init, wrap, shutdown), or None.
+        """The same training set up by hand on the raw library (wrap, and the collectives the
+        sweep times), or None; it runs on the library paraflow started.
 
         The benchmark's abstraction overhead compares a paraflow step with it.
         """

@@ -51,12 +51,11 @@ class DDPBackend(TorchDistributedBackend):
             )
 
     @classmethod
-    def raw_loop(cls, process_group: str = "auto", **_: Any):
+    def raw_loop(cls, **_: Any):
         """DDP set up by hand as torchrun's documentation does it (see raw_loop.py)."""
-        from ..torch_distributed import _transport
         from .raw_loop import RawDDP
 
-        return RawDDP(_transport(process_group))
+        return RawDDP()
 
     def _before_destroy(self) -> None:
         release_continuations()  # a gloo thread still releasing a hook's continuation needs the GIL

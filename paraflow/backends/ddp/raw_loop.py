@@ -1,9 +1,8 @@
 """DDP set up by hand, as torchrun's documentation does it, with no paraflow: the reference the
-benchmark's abstraction overhead is measured against (see paraflow.bench.rank.overhead)."""
+benchmark's abstraction overhead is measured against (see paraflow.bench.rank.overhead), on the
+process group paraflow started for the launch."""
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.distributed as dist
@@ -16,15 +15,6 @@ class RawDDP:
 
     library = "torch DistributedDataParallel"
 
-    def __init__(self, transport: str) -> None:
-        self.transport = transport
-
-    def init(self) -> None:
-        """init_process_group from torchrun's variables; NCCL pins cuda:LOCAL_RANK first."""
-        if self.transport == "nccl":
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group(self.transport, init_method="env://")
-
     def wrap(self, module: torch.nn.Module, device: torch.device, lr: float):
         """DDP around the module on `device`, plain SGD."""
         from torch.nn.parallel import DistributedDataParallel
@@ -32,11 +22,6 @@ class RawDDP:
         module = module.to(device)
         model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
         return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-
-    def shutdown(self) -> None:
-        """Destroy the process group."""
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
     # nccl-tests' collectives straight on torch.distributed, for the benchmark's sweep (nothing
     # else in the call: it is the reference paraflow's public calls are timed against)

@@ -110,12 +110,11 @@ class FSDPBackend(TorchDistributedBackend):
         return None
 
     @classmethod
-    def raw_loop(cls, process_group: str = "auto", **_: Any):
+    def raw_loop(cls, **_: Any):
         """fully_shard set up by hand, sharding the same blocks (see raw_loop.py)."""
-        from ..torch_distributed import _transport
         from .raw_loop import RawFSDP
 
-        return RawFSDP(_transport(process_group))
+        return RawFSDP()
 
     # ---------------------------------------------------------------- model and optimizer
     def wrap_model(self, model: nn.Module) -> nn.Module:

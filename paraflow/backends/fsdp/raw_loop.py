@@ -2,8 +2,8 @@
 reference the benchmark's abstraction overhead is measured against (paraflow.bench.rank.overhead).
 
 It shards the same blocks paraflow's default choice would (each block, then the root), so both
-sides run the same collectives and the difference is paraflow's alone. The process group is
-started and destroyed as for raw DDP.
+sides run the same collectives and the difference is paraflow's alone. It runs on the process
+group paraflow started for the launch, as raw DDP does.
 """
 
 from __future__ import annotations

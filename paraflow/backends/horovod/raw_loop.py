@@ -1,5 +1,6 @@
 """horovod.torch set up by hand, as its PyTorch guide does it, with no paraflow: the reference the
-benchmark's abstraction overhead is measured against (see paraflow.bench.rank.overhead)."""
+benchmark's abstraction overhead is measured against (see paraflow.bench.rank.overhead), on the
+horovod paraflow started for the launch."""
 
 from __future__ import annotations
 
@@ -20,12 +21,6 @@ class RawHorovod:
 
         self._hvd = hvd  # the sweep's calls use it: no import inside a timed call
 
-    def init(self) -> None:
-        """hvd.init()."""
-        import horovod.torch as hvd
-
-        hvd.init()
-
     def wrap(self, module: torch.nn.Module, device: torch.device, lr: float):
         """Broadcast the initial parameters, wrap SGD in DistributedOptimizer."""
         import horovod.torch as hvd
@@ -35,12 +30,6 @@ class RawHorovod:
         hvd.broadcast_parameters(module.state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=module.named_parameters())
         return module, optimizer
-
-    def shutdown(self) -> None:
-        """hvd.shutdown()."""
-        import horovod.torch as hvd
-
-        hvd.shutdown()
 
     # nccl-tests' collectives straight on horovod.torch, for the benchmark's sweep (nothing else in
     # the call: it is the reference paraflow's public calls are timed against); named, so
