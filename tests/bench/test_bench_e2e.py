@@ -146,6 +146,11 @@ def test_every_cell_ran_and_every_column_is_filled(run):
     assert all(r["busbw_low"] <= r["busbw"] <= r["busbw_high"] for r in sweep)
     (overhead,) = results["tables"]["overhead"]
     assert overhead["pairs"] == 6 and overhead["within_target"] and overhead["own_python_us"] > 0
+    # measured in the last planned launch, after that launch's training, by every rank
+    (carried,) = [c for c in results["cells"] if c.get("overhead")]
+    assert carried["id"] == f"ddp-gloo-torchrun-2-r{REPEAT}"
+    assert all({"overhead", f"train/{MODELS[0]}"} <= set(r["tasks"]) for r in carried["ranks"])
+    assert carried["ranks"][0]["tasks"]["overhead"]["seconds_allowed"] > 0
     assert results["verdict"] == results["tables"]["verdict"] and len(results["verdict"]) >= len(MODELS)
     assert all(v["claim"] and v["text"] for v in results["verdict"])
 
