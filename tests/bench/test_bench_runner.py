@@ -150,21 +150,23 @@ def test_local_update_skips_horovod_style_synchronisation_only():
 
 
 def test_overhead_pairs_get_what_the_time_budget_leaves():
-    from types import SimpleNamespace
-
     from paraflow.bench.driver.overhead_budget import SETUP_S, overhead_seconds
+    from paraflow.bench.driver.runner import CellResult
+
+    def launched(cell, seconds):
+        return CellResult(cell, [], "ok", None, seconds)
 
     config = BenchConfig(time_budget=100.0, overhead_seconds=8.0)
     a = Cell("train", "ddp-gloo", "torchrun", 2, 1, MLP, repeat=2)
     b = Cell("train", "horovod", "mpirun", 2, 1, MLP, repeat=2)
-    done = [SimpleNamespace(cell=c, elapsed_s=s) for c, s in ((a, 10.0), (a, 14.0), (b, 6.0))]
+    done = [launched(c, s) for c, s in ((a, 10.0), (a, 14.0), (b, 6.0))]
     left = [replace(a, repeat=3, overhead=MLP[0]), replace(b, repeat=3, overhead=MLP[0])]
     # early: the launches left (12 s and 6 s, their means so far) and two setups leave plenty
     assert overhead_seconds(config, 20.0, left, done) == 8.0
     # late: 100 - 64 - 18 - 2 setups, shared by the two measures
     assert overhead_seconds(config, 64.0, left, done) == pytest.approx((100 - 64 - 18 - 2 * SETUP_S) / 2)
     # a launch that carried an overhead does not project the others; past the budget: nothing (the worker's floor)
-    carried = done + [SimpleNamespace(cell=left[0], elapsed_s=500.0)]
+    carried = done + [launched(left[0], 500.0)]
     roomy = replace(config, overhead_seconds=50.0)
     assert overhead_seconds(roomy, 60.0, left[1:], carried) == pytest.approx(100 - 60 - 6 - SETUP_S)
     assert overhead_seconds(config, 95.0, left, done) == 0.0

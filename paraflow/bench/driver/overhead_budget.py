@@ -9,9 +9,8 @@ than the worker's floor of MIN_PAIRS pairs (rank/overhead.py).
 
 from __future__ import annotations
 
-import statistics
-
 from .config import BenchConfig
+from .extra_launches import launch_cost
 
 __all__ = ["overhead_seconds", "SETUP_S"]
 
@@ -27,11 +26,8 @@ def overhead_seconds(config: BenchConfig, elapsed: float, left: list, done: list
     `done`: the launches so far (runner.CellResult), whose mean time per group projects the
     launches left (those that carried an overhead are not counted).
     """
-    spent: dict = {}
-    for result in done:
-        if result.cell.overhead is None:
-            spent.setdefault(result.cell.group, []).append(result.elapsed_s)
-    projected = sum(statistics.fmean(spent[c.group]) for c in left if c.group in spent)
+    records = [result.to_dict() for result in done]
+    projected = sum(launch_cost(records, c.group) for c in left)
     measures = max(1, sum(c.overhead is not None for c in left))
     spare = config.time_budget - elapsed - projected - measures * SETUP_S
     return max(0.0, min(config.overhead_seconds, spare / measures))
