@@ -19,6 +19,7 @@ from typing import Optional
 from ...tools.launch import LaunchResult
 from .config import BenchConfig
 from .matrix import Cell
+from .scratch import launch_scratch
 
 __all__ = ["bench_cluster", "run_on_cluster", "cluster_header"]
 
@@ -67,7 +68,8 @@ def run_on_cluster(cluster, cell: Cell, script: list, env: dict, timeout: float)
     else:
         keys = [k for k, v in env.items() if v is not None and not k.startswith("OMPI_MCA_")]
         commands = cluster_commands(cluster, cell.launcher, script, hosts=cell.nproc, env_keys=keys)
-    results = ClusterJob(cluster, commands, env=env).wait(timeout)
+    with launch_scratch() as scratch:  # the hosts share this machine's files; gone after the launch
+        results = ClusterJob(cluster, commands, env={**env, **scratch}).wait(timeout)
     lines = [
         ["env", *(f"{k}={v}" for k, v in c.env.items()), "paraflow", "cluster", "exec", "--name", cluster.name]
         + [c.host, "--", *map(str, c.argv)]
