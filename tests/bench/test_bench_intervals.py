@@ -66,6 +66,41 @@ def test_derived_estimates_carry_their_replicates():
     assert math.isinf(intervals.relative_halfwidth(0.0, -1.0, 1.0))
 
 
+def test_a_ratio_of_two_launch_figures_has_welchs_interval_on_the_log_scale():
+    """Equal spreads over 3 launches each: Welch-Satterthwaite gives 4 degrees of freedom, so the
+    95% interval of the log ratio is its centre +- 2.776 sqrt(2) s / sqrt(3). Dividing the two
+    estimates' own t(2) draws instead put it about 6.5 standard errors out."""
+    fast = intervals.estimate([[1000.0] * 5, [1100.0] * 5, [1050.0] * 5], "median", "welch fast")
+    slow = intervals.estimate([[500.0] * 5, [550.0] * 5, [525.0] * 5], "median", "welch slow")
+    logs = torch.tensor([1000.0, 1100.0, 1050.0], dtype=torch.float64).log()
+    half = 2.776 * math.sqrt(2) * float(logs.std()) / math.sqrt(3)
+    factor = intervals.ratio(fast, slow)
+    assert factor.value == pytest.approx(2.0) and factor.log_t[2] == pytest.approx(4.0)
+    assert math.log(factor.low) == pytest.approx(math.log(2) - half, abs=1e-4)
+    assert math.log(factor.high) == pytest.approx(math.log(2) + half, abs=1e-4)
+    drawn = fast.map(lambda x, y: x / y, slow)  # the two heavy tails added
+    assert math.log(drawn.high / 2) > 1.4 * half
+    scaled = intervals.ratio(fast, slow, 0.5)  # an efficiency: x_n / (n x_1)
+    assert (scaled.value, scaled.low, scaled.high) == pytest.approx((1.0, factor.low / 2, factor.high / 2))
+    itself = intervals.ratio(fast, fast, 0.5)  # the baseline against itself
+    assert (itself.value, itself.low, itself.high) == (0.5, 0.5, 0.5)
+
+
+def test_the_ratio_of_two_equal_figures_holds_1_95_percent_of_the_time():
+    """Two cells with the same true throughput, 3 launches each: the ratio's interval must hold 1
+    about 95% of the time (dividing draws of each figure's own t held it about 99.6% of the time,
+    so that rows 5-10% apart were called ties)."""
+    g = torch.Generator().manual_seed(11)
+    trials, covered = 400, 0
+    for trial in range(trials):
+        a, b = (torch.exp(torch.randn(3, generator=g, dtype=torch.float64) * 0.1) * 1000.0 for _ in range(2))
+        ea = intervals.estimate([[float(v)] * 5 for v in a], "median", "equal a", trial)
+        eb = intervals.estimate([[float(v)] * 5 for v in b], "median", "equal b", trial)
+        factor = intervals.ratio(ea, eb)
+        covered += factor.low <= 1.0 <= factor.high
+    assert 0.92 <= covered / trials <= 0.98
+
+
 def launches(center: float, spread: float, n: int = 3, steps: int = 30) -> list:
     """n launches of `steps` values around `center`, each launch shifted by up to `spread`."""
     g = torch.Generator().manual_seed(int(center * 1000))
@@ -210,6 +245,15 @@ def test_two_runs_agree_when_medians_sit_in_each_others_intervals_and_claims_mat
     assert not differ["agree"] and differ["claims"]["only_a"] == ["x: fastest A"]
 
 
+def test_intervals_that_overlap_are_counted_apart_from_the_strict_agreement():
+    a = _results(10.0, 9.5, 10.6, ["x: fastest A"])
+    outside = compare_runs(a, _results(11.0, 10.5, 11.4, ["x: fastest A"]))  # 11.0 outside A's, yet they meet
+    assert not outside["agree"] and (outside["overlap"], outside["figures"]) == (2, 2)
+    apart = compare_runs(a, _results(11.0, 10.7, 11.4, ["x: fastest A"]))
+    assert apart["overlap"] == 0
+    assert "Intervals overlap for 0 of 2 figures" in report("A", "B", apart)
+
+
 def test_the_interval_across_three_launches_covers_the_true_median_95_percent_of_the_time():
     """Launch figures from a known log-normal: the 95% interval must hold its median about 95% of the
     time (a percentile bootstrap over 3 launches spans their extremes, which hold it 75% of the time)."""
@@ -256,17 +300,20 @@ def test_the_results_definitions_name_the_interval_the_tables_use():
 
     intervals_line = DEFINITIONS[0]
     assert "Student's t" in intervals_line and "log scale" in intervals_line
-    assert f"{intervals.T_DRAWS} draws" in intervals_line
+    assert f"{intervals.T_DRAWS} draws" in intervals_line and "Welch's t interval of the log ratio" in intervals_line
     assert "bootstrap interval of its steps" in intervals_line  # one launch: within-launch only
     assert "two-level" not in " ".join(DEFINITIONS)
 
 
 def test_students_tail_and_holm_against_tabled_values():
-    from paraflow.bench.report.student import holm, two_sided_p
+    from paraflow.bench.report.student import holm, t_quantile, two_sided_p
 
     for df, t in [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (60, 2.000)]:
         assert two_sided_p(t, df) == pytest.approx(0.05, abs=2e-4)
     assert two_sided_p(0.0, 3) == pytest.approx(1.0) and two_sided_p(1.0, 1) == pytest.approx(0.5)
+    for df, t in [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (60, 2.000), (1e9, 1.960)]:
+        assert t_quantile(df) == pytest.approx(t, abs=1e-3)
+    assert t_quantile(2) < t_quantile(1.5) < t_quantile(1)  # fractional degrees of freedom (Welch's)
     assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
 
 

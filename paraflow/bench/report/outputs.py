@@ -56,8 +56,10 @@ CSV_TABLES = csv_tables()
 DEFINITIONS = [
     "every figure with ± or [low–high] is the median over independent launches of the same cell with a 95% "
     "confidence interval across launches: Student's t interval of the launches' own figures (mean ± "
-    "t(n-1)·s/√n, on the log scale for positive figures); derived figures (efficiency, speedup, ratios) are "
-    "computed draw by draw from 8000 draws of each estimate's t distribution; a figure from one launch only gets "
+    "t(n-1)·s/√n, on the log scale for positive figures); a ratio of two such figures (efficiency, speedup, "
+    "the verdict's factors) gets Welch's t interval of the log ratio (Welch-Satterthwaite degrees of freedom); "
+    "other derived figures are computed draw by draw from 8000 draws of each estimate's t distribution; "
+    "a figure from one launch only gets "
     "the bootstrap interval of its steps, which says nothing of a rerun. ±x% is the farther end's distance from "
     "the value. A figure whose interval reaches further than the noisy bound (relative; in points for comm "
     "overhead) is marked noisy.",

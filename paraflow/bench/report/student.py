@@ -1,11 +1,11 @@
-"""Student's t distribution's two-sided tail, and Holm's step-down adjustment: enough to test
-whether two runs' figures differ, without a statistics package."""
+"""Student's t distribution's two-sided tail and quantile, Welch's test and Holm's step-down
+adjustment: enough to test whether two figures differ, without a statistics package."""
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["two_sided_p", "holm"]
+__all__ = ["two_sided_p", "t_quantile", "welch", "holm"]
 
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
@@ -45,6 +45,28 @@ def two_sided_p(t: float, df: float) -> float:
     if math.isinf(t):
         return 0.0
     return _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+
+
+def t_quantile(df: float, confidence: float = 0.95) -> float:
+    """The t with P(|T| >= t) = 1 - `confidence` for Student's t with `df` (any positive real)
+    degrees of freedom: the half-width of a `confidence` interval in standard errors."""
+    tail, low, high = 1.0 - confidence, 0.0, 1.0
+    while two_sided_p(high, df) > tail:
+        high *= 2.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if two_sided_p(middle, df) > tail else (low, middle)
+    return high
+
+
+def welch(a: tuple, b: tuple) -> tuple:
+    """(difference, its standard error, Welch-Satterthwaite degrees of freedom) of two
+    (centre, standard error, degrees of freedom) estimates; inf degrees of freedom when both
+    standard errors are zero."""
+    (ca, sa, da), (cb, sb, db) = a, b
+    se2 = sa * sa + sb * sb
+    df = se2 * se2 / ((sa**4) / da + (sb**4) / db) if se2 > 0 else math.inf
+    return ca - cb, math.sqrt(se2), df
 
 
 def holm(p_values: list) -> list:

@@ -196,11 +196,10 @@ def _scale(rows: list, estimates: list, noisy: float) -> None:
         if not est or not baseline:
             continue
         if row["scaling"] == "weak":
-            eff = est["x"].map(lambda x, x1, n=replicas: x / (n * x1), baseline["x"])
+            eff = intervals.ratio(est["x"], baseline["x"], 1 / replicas)
         else:
-            speedup = baseline["step"].map(lambda t1, tn: t1 / tn, est["step"])
-            _put(row, "speedup", speedup, 1, 3)
-            eff = speedup.map(lambda s, n=replicas: s / n)
+            _put(row, "speedup", intervals.ratio(baseline["step"], est["step"]), 1, 3)
+            eff = intervals.ratio(baseline["step"], est["step"], 1 / replicas)
         _put(row, "scaling_efficiency", eff, 1, 4)
         est["eff"] = eff
 

@@ -2,12 +2,13 @@
 
 Per model, scaling mode and process count the backends (with their launchers) are ranked by
 throughput. A row is "slower" when some faster row beats it: the 95% interval of the ratio of
-their throughputs lies above 1 (significant) and the ratio exceeds 1 + the larger of the margin
-(default 5%) and the machine's noise floor (the A/A spread: relevant); otherwise it shares the
-first place, with "no significant difference" or "a difference below" the threshold. Each
-row's factor is given against the fastest by median. Each entry has a `claim` (the categorical
-statement, no numbers: what a rerun should repeat) and a `text` (the claim with its numbers).
-The same for the abstraction overhead and for paraflow's collectives against the raw library's.
+their throughputs (Welch's t on the log scale, across launches) lies above 1 (significant) and
+the ratio exceeds 1 + the larger of the margin (default 5%) and the machine's noise floor (the
+A/A spread: relevant); otherwise it shares the first place, with "no significant difference"
+or "a difference below" the threshold. Each row's factor is given against the fastest by median.
+Each entry has a `claim` (the categorical statement, no numbers: what a rerun should repeat) and
+a `text` (the claim with its numbers). The same for the abstraction overhead and for paraflow's
+collectives against the raw library's.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ def _name(row: dict) -> str:
 
 
 def compare_pair(fast: intervals.Estimate, slow: intervals.Estimate, threshold: float = 0.0) -> tuple:
-    """(factor estimate fast / slow, called?): called when the interval lies above 1 and the factor
-    exceeds 1 + `threshold` (the larger of the margin and the A/A spread)."""
-    factor = fast.map(lambda a, b: a / b, slow)
+    """(factor estimate fast / slow, called?): called when its interval (Welch's, on the log scale,
+    for figures measured across launches) lies above 1 and the factor exceeds 1 + `threshold`
+    (the larger of the margin and the A/A spread)."""
+    factor = intervals.ratio(fast, slow)
     return factor, factor.low > 1.0 and factor.value > 1.0 + threshold
 
 
