@@ -15,6 +15,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 from ..backends.horovod.info import build_report as horovod_build_report
@@ -172,13 +173,23 @@ def _run(command: list) -> Optional[str]:
     return done.stdout if done.returncode == 0 else None
 
 
-def main(as_json: bool = False) -> int:
+def main(as_json: bool = False, json_dir: Optional[str] = None) -> int:
     """Print the report for this process; under a launcher, rank 0 prints it in full.
 
-    With `as_json`, every process prints its own report as one line of JSON.
+    With `as_json`, every process prints its own report as one line of JSON. With `json_dir`,
+    every process writes it to `json_dir`/rank<R>.json instead: a launcher that forwards its
+    processes' output in chunks (Open MPI's does) can interleave long lines printed at once.
     """
     report = collect()
     proc = report["process"]
+    if json_dir is not None:
+        folder = Path(json_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"rank{proc.get('rank', 0)}.json"
+        path.write_text(json.dumps(report, sort_keys=False) + "\n")
+        sys.stdout.write(f"wrote {path}\n")
+        sys.stdout.flush()
+        return 0
     if as_json:
         text = json.dumps(report, sort_keys=False)
     elif proc.get("rank", 0) == 0:

@@ -27,7 +27,7 @@ def _check(args: argparse.Namespace) -> int:
         return comm_check(args)
     from .check import main as check_main
 
-    return check_main(as_json=args.json)
+    return check_main(as_json=args.json, json_dir=args.json_dir)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -60,6 +60,13 @@ def main(argv=None) -> int:
         help="what this machine can run: torch, GPUs, MPI, horovod, this process's launcher and rank, every backend",
     )
     check.add_argument("--json", action="store_true", help="print one line of JSON per process")
+    check.add_argument(
+        "--json-dir",
+        metavar="DIR",
+        default=None,
+        help="write each process's JSON report to DIR/rank<R>.json (lines printed at once by several "
+        "processes can interleave as a launcher forwards them)",
+    )
     from .comm_check import add_arguments as add_comm_arguments
 
     add_comm_arguments(check).set_defaults(func=_check)
