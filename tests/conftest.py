@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,22 @@ def _open_mpi_files_in_scratch():
         yield
         for key in chosen:
             os.environ.pop(key, None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_in_scratch():
+    """Every process the tests start gets a TMPDIR removed after the suite: a torchrun agent leaves
+    a ``torchelastic_*`` directory in it per launch, and many tests start launchers themselves
+    (`paraflow run`, `paraflow.launch`, the emulated cluster). This process keeps its own."""
+    scratch = tempfile.mkdtemp(prefix="pf-tests-tmp-")  # after this, tempfile's own choice is fixed
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = scratch
+    yield
+    if previous is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = previous
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture

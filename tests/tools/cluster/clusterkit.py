@@ -8,9 +8,6 @@ when a test failed. Teardown fails the module if any process was still running o
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,9 +28,6 @@ CLUSTER_WORKERS = Path(__file__).resolve().parent / "workers"
 FAMILY = "t"  # every cluster these tests build is named t<pid><tag>
 #: paraflow's timeout inside the cluster tests: short, so failures end quickly.
 TIMEOUT_S = 10
-#: TMPDIR of every job: torchrun's agents leave a ``torchelastic_*`` directory in it per launch.
-_SCRATCH = tempfile.mkdtemp(prefix="pf-cluster-tests-")
-atexit.register(shutil.rmtree, _SCRATCH, True)
 
 
 def skip_without_namespaces() -> None:
@@ -64,9 +58,8 @@ def cluster_fixture():
 
 
 def job_env(**extra: str) -> dict:
-    """What every rank in the cluster tests runs with: one thread, this checkout, the short timeout,
-    a scratch TMPDIR removed when the tests end."""
-    return {**RANK_ENV, "PARAFLOW_TIMEOUT": str(TIMEOUT_S), "TMPDIR": _SCRATCH, **extra}
+    """What every rank in the cluster tests runs with: one thread, this checkout, the short timeout."""
+    return {**RANK_ENV, "PARAFLOW_TIMEOUT": str(TIMEOUT_S), **extra}
 
 
 def start_job(cluster: Cluster, launcher: str, script: list, nproc_per_host: int = 1, env: dict | None = None):
