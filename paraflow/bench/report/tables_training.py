@@ -196,12 +196,11 @@ def _scale(rows: list, estimates: list, noisy: float) -> None:
         if not est or not baseline:
             continue
         if row["scaling"] == "weak":
-            eff = intervals.ratio(est["x"], baseline["x"], 1 / replicas)
+            _put(row, "scaling_efficiency", intervals.ratio(est["x"], baseline["x"], 1 / replicas), 1, 4)
         else:
-            _put(row, "speedup", intervals.ratio(baseline["step"], est["step"]), 1, 3)
-            eff = intervals.ratio(baseline["step"], est["step"], 1 / replicas)
-        _put(row, "scaling_efficiency", eff, 1, 4)
-        est["eff"] = eff
+            speedup = intervals.ratio(baseline["step"], est["step"])
+            _put(row, "speedup", speedup, 1, 3)
+            _put(row, "scaling_efficiency", speedup, 1 / replicas, 4)
 
 
 def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10, tuning: list = None) -> tuple:
