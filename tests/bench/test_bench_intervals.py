@@ -270,7 +270,7 @@ def test_the_interval_across_three_launches_covers_the_true_median_95_percent_of
 def test_the_interval_across_launches_is_students_t_on_the_log_scale():
     est = intervals.estimate([[1.0] * 4, [2.0] * 4, [4.0] * 4], "median", "t")
     logs = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64).log()
-    half = 4.303 * float(logs.std()) / math.sqrt(3)  # t(2) 97.5% quantile
+    half = 4.302653 * float(logs.std()) / math.sqrt(3)  # t(2) 97.5% quantile
     center = float(logs.mean())
     assert est.value == 2.0
     assert math.log(est.low) == pytest.approx(center - half) and math.log(est.high) == pytest.approx(center + half)
@@ -278,7 +278,16 @@ def test_the_interval_across_launches_is_students_t_on_the_log_scale():
     assert float(est.replicates.log().quantile(0.975)) == pytest.approx(center + half, rel=0.1)
     # a figure that can be zero or negative (comm overhead at one process) stays on the linear scale
     signed = intervals.estimate([[-0.1] * 3, [0.0] * 3, [0.1] * 3], "median", "signed")
-    assert signed.low == pytest.approx(-4.303 * 0.1 / math.sqrt(3))
+    assert signed.low == pytest.approx(-4.302653 * 0.1 / math.sqrt(3))
+
+
+def test_the_t_quantile_is_exact_at_any_launch_count():
+    # 12 launches: t(11) = 2.200985, where a table of common df would round to a neighbour's
+    values = [1.0 + 0.01 * i for i in range(12)]
+    est = intervals.estimate([[v] * 3 for v in values], "median", "twelve")
+    logs = torch.tensor(values, dtype=torch.float64).log()
+    half = 2.200985 * float(logs.std()) / math.sqrt(12)
+    assert math.log(est.high) - math.log(est.low) == pytest.approx(2 * half, rel=1e-5)
 
 
 def test_a_figure_whose_steps_reach_zero_gets_a_linear_interval_not_an_exploding_log_one():

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import ConfigurationError
-from .intervals import binomial_interval, median, t975
-from .student import holm, two_sided_p, welch
+from .intervals import CONFIDENCE, binomial_interval, median
+from .student import holm, t_quantile, two_sided_p, welch
 
 __all__ = ["load_results", "compare_runs", "compare_main"]
 
@@ -76,7 +76,7 @@ def _log_normal(value, low, high, launches) -> Optional[tuple]:
         return None
     df = launches - 1 if launches and launches > 1 else 1000  # one launch: a bootstrap interval, ~normal
     half = (math.log(high) - math.log(low)) / 2
-    return (math.log(low) + math.log(high)) / 2, half / t975(df), df
+    return (math.log(low) + math.log(high)) / 2, half / t_quantile(df, CONFIDENCE), df
 
 
 def welch_p(a: tuple, b: tuple) -> float:

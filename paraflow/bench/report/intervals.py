@@ -134,14 +134,6 @@ def constant(value: float, resamples: int = RESAMPLES):
 #: Draws of the t distribution per estimate across launches (its derived figures' intervals are
 #: percentiles of these: 8000 put the 2.5% and 97.5% points within a few percent of exact).
 T_DRAWS = 8000
-# Student's t 97.5% quantiles by degrees of freedom (a df not listed takes the next smaller one's).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-_T975.update({10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000, 120: 1.980})
-
-
-def t975(df: int) -> float:
-    """Student's t 97.5% quantile for `df` degrees of freedom (conservative between tabulated ones)."""
-    return _T975[max(d for d in _T975 if d <= df)]
 
 
 def student_t(df: int, size: int, gen: torch.Generator) -> torch.Tensor:
@@ -182,7 +174,8 @@ def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate
         variance = max(float(data.var()), float(within.var(dim=1).mean()))
         center, spread = float(data.mean()), math.sqrt(variance / count)
         replicates = center + spread * student_t(count - 1, T_DRAWS, gen)
-        ends = torch.tensor([center - t975(count - 1) * spread, center + t975(count - 1) * spread])
+        half = t_quantile(count - 1, CONFIDENCE) * spread
+        ends = torch.tensor([center - half, center + half])
         low, high = (ends.exp() if log else ends).tolist()
         if not log:
             return Estimate(value, min(low, value), max(high, value), replicates, count)

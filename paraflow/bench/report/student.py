@@ -3,6 +3,7 @@ adjustment: enough to test whether two figures differ, without a statistics pack
 
 from __future__ import annotations
 
+import functools
 import math
 
 __all__ = ["two_sided_p", "t_quantile", "welch", "holm"]
@@ -47,6 +48,7 @@ def two_sided_p(t: float, df: float) -> float:
     return _incomplete_beta(df / 2, 0.5, df / (df + t * t))
 
 
+@functools.lru_cache(maxsize=256)
 def t_quantile(df: float, confidence: float = 0.95) -> float:
     """The t with P(|T| >= t) = 1 - `confidence` for Student's t with `df` (any positive real)
     degrees of freedom: the half-width of a `confidence` interval in standard errors."""
