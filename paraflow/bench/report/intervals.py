@@ -177,9 +177,8 @@ def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate
         half = t_quantile(count - 1, CONFIDENCE) * spread
         ends = torch.tensor([center - half, center + half])
         low, high = (ends.exp() if log else ends).tolist()
-        if not log:
-            return Estimate(value, min(low, value), max(high, value), replicates, count)
-        return Estimate(value, min(low, value), max(high, value), replicates.exp(), count, (center, spread, count - 1))
+        replicates, log_t = (replicates.exp(), (center, spread, count - 1)) if log else (replicates, None)
+        return Estimate(value, min(low, value), max(high, value), replicates, count, log_t)
     replicates = launches[0][1].repeat(T_DRAWS // launches[0][1].numel() + 1)[:T_DRAWS]
     low, high = percentile_interval(replicates)
     return Estimate(value, min(low, value), max(high, value), replicates, count)
