@@ -14,6 +14,7 @@ $(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh paraflo
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 test: lint
 	$(PY) -m pytest

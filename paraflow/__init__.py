@@ -10,7 +10,7 @@ optimizer = backend.wrap_optimizer(optimizer, model)
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from . import (
     backends,  # noqa: F401  (registers the built-in backends)
@@ -18,9 +18,10 @@ from . import (
 )
 from .core.backend import Backend
 from .core.current import current, is_main, local_rank, rank, world_size
-from .core.registry import available_backends, register_backend, registered_names
+from .core.registry import available_backends, register, registered_names, spec
 from .environment import ProcessEnvironment, detect_environment
 from .errors import *  # noqa: F403  (every error class, listed in errors.__all__)
+from .errors import ConfigurationError
 from .training.checkpoint import load_checkpoint, save_checkpoint
 from .training.sampler import ShardSampler
 
@@ -78,3 +79,32 @@ def launch(fn: Any, *args: Any, nprocs: int, backend: str = "ddp", **options: An
     from .tools.spawn import launch as _launch
 
     return _launch(fn, *args, nprocs=nprocs, backend=backend, **options)
+
+
+def register_backend(
+    name: str, backend: Union[str, type], *, description: str = "", replace: bool = False, **presets: Any
+) -> None:
+    """Make a backend available to :func:`paraflow.init` and ``--backend`` under `name`.
+
+    Args:
+        name: the name users pick it by (``paraflow.init(name)``, ``PARAFLOW_BACKEND``).
+        backend: a :class:`paraflow.Backend` subclass, or ``"module:Class"`` imported on first use
+            (so a backend with heavy dependencies costs nothing until chosen).
+        description: one line for ``paraflow list``.
+        replace: allow `name` to replace an existing registration (else an error).
+        **presets: keyword options passed to the class whenever it is created under `name`;
+            one class can be registered under several names with different presets.
+    """
+    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+        raise ConfigurationError(f"a backend name is a non-empty word, got {name!r}.")
+    if isinstance(backend, str):
+        if ":" not in backend:
+            raise ConfigurationError(f"register {name!r} with a class or 'module:Class', got {backend!r}.")
+    else:
+        if not (isinstance(backend, type) and issubclass(backend, Backend)):
+            raise ConfigurationError(f"backend {name!r} must be a paraflow.Backend subclass, got {backend!r}.")
+    if name in registered_names() and not replace:
+        raise ConfigurationError(
+            f"backend {name!r} is already registered ({spec(name).target}); pick another name or pass replace=True."
+        )
+    register(name, backend, description, **presets)

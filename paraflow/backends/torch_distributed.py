@@ -78,13 +78,6 @@ class TorchDistributedBackend(Backend):
         """The torch.distributed process group in use: "nccl" or "gloo"."""
         return _transport(self.process_group)
 
-    @property
-    def _bundles_checks(self) -> bool:
-        """Where the ranks share no memory (reliability/check_board.py), a repeated mid-sized allreduce
-        may carry the cross-rank check (reliability/check_bundle.py):
-        over gloo on the CPU, where a check frame costs as much as the allreduce itself."""
-        return self.transport == "gloo" and self.device.type == "cpu"
-
     def _uses_cuda(self) -> bool:
         return torch.cuda.is_available() and (self.transport == "nccl" or self.requested_device == "cuda")
 
@@ -173,35 +166,25 @@ class TorchDistributedBackend(Backend):
     def _nccl(self) -> bool:
         return self.transport == "nccl"
 
-    # Synchronous forms, one call into torch and no handle (a repeated call on the check's board runs these).
+    # One call into torch each, behind the public collectives (paraflow.core.collectives).
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         work = self._on_comm_device(tensor)
         reduce_op, divide = self._reduce_ops[op]
         dist.all_reduce(work, op=reduce_op)
-        return self._result(tensor, work, divide)
+        if divide:
+            work.div_(self.world_size)
+        return work if work is tensor else work.to(tensor.device)
 
     def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         work = self._on_comm_device(tensor)
         dist.broadcast(work, src=src)
-        return self._result(tensor, work)
-
-    # Asynchronous forms: each starts the operation and returns the function that waits for its result.
-    def _start_allreduce(self, tensor: torch.Tensor, op: str) -> Callable[[], torch.Tensor]:
-        work = self._on_comm_device(tensor)
-        reduce_op, divide = self._reduce_ops[op]
-        handle = dist.all_reduce(work, op=reduce_op, async_op=True)
-
-        def finish() -> torch.Tensor:
-            handle.wait()
-            return self._result(tensor, work, divide)
-
-        return finish
-
-    def _result(self, tensor: torch.Tensor, work: torch.Tensor, divide: bool = False) -> torch.Tensor:
-        """`work` as `tensor`'s result: divided where a mean was reduced as a sum, on `tensor`'s device."""
-        if divide:
-            work.div_(self.world_size)
         return work if work is tensor else work.to(tensor.device)
+
+    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        work = self._on_comm_device(tensor)
+        out = [torch.empty_like(work) for _ in range(self.world_size)]
+        dist.all_gather(out, work)
+        return [t.to(tensor.device) for t in out]
 
     @functools.cached_property
     def _reduce_ops(self) -> dict:
@@ -212,27 +195,6 @@ class TorchDistributedBackend(Backend):
             else (getattr(dist.ReduceOp, _TORCH_OPS[op]), op == "mean")
             for op in _TORCH_OPS
         }
-
-    def _start_broadcast(self, tensor: torch.Tensor, src: int) -> Callable[[], torch.Tensor]:
-        work = self._on_comm_device(tensor)
-        handle = dist.broadcast(work, src=src, async_op=True)
-
-        def finish() -> torch.Tensor:
-            handle.wait()
-            return self._result(tensor, work)
-
-        return finish
-
-    def _start_allgather(self, tensor: torch.Tensor, name: Optional[str] = None) -> Callable[[], list]:
-        work = self._on_comm_device(tensor)
-        out = [torch.empty_like(work) for _ in range(self.world_size)]
-        handle = dist.all_gather(out, work, async_op=True)
-
-        def finish() -> list:
-            handle.wait()
-            return [t.to(tensor.device) for t in out]
-
-        return finish
 
     def _barrier(self) -> None:
         if self.device.type == "cuda":

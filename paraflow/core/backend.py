@@ -14,6 +14,7 @@ from ..environment.launchers import ProcessEnvironment, detect_environment
 from ..environment.mpi_yield import apply_mpi_yield
 from ..errors import BackendUnavailableError, NotInitializedError
 from ..reliability.activity import attach_markers, attach_step_marker
+from ..reliability.debug import debug_enabled
 from ..reliability.mpi_abort import abort_mpi_job_on_uncaught_error, leave_job_on_exit
 from ..reliability.stall import StallWatch, stall_threshold_seconds, start_stall_watch
 from ..reliability.translation import translate_escaped_error
@@ -56,6 +57,9 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         stall_threshold: seconds ranks may wait on each other before every rank prints a
             ``paraflow stall:`` report (default 30, or PARAFLOW_STALL_THRESHOLD; at most half the
             timeout; 0 turns it off). See :mod:`paraflow.reliability.stall`.
+        check_collectives: check before every public collective that all ranks make the same
+            call, and raise CollectiveError naming each rank's call and call site if not (one
+            small allgather more per call; default: on under PARAFLOW_DEBUG=1, else off).
 
     Options of other registered backends are accepted and ignored (rank 0 says so once), so one
     script can carry every backend's tuning; a name no backend takes is a ConfigurationError.
@@ -85,6 +89,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         accumulation_steps: int = 1,
         banner: Optional[bool] = None,
         stall_threshold: Optional[float] = None,
+        check_collectives: Optional[bool] = None,
         **options: Any,
     ) -> None:
         self.ignored_options = split_foreign_options(name, self.OPTIONS, options)
@@ -99,6 +104,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self.accumulation_steps = check_accumulation_steps(accumulation_steps)
         self.banner = banner_enabled(banner)
         self.stall_threshold = stall_threshold_seconds(stall_threshold)
+        self.check_collectives = debug_enabled() if check_collectives is None else bool(check_collectives)
         self._stall: Optional[StallWatch] = None
         self._micro_batches = 0
         self.env: Optional[ProcessEnvironment] = None
@@ -180,7 +186,6 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
             if self._stall is not None:
                 self._stall.stop()
             self._shutdown()
-            self._release_check()
 
     def __enter__(self) -> Backend:
         return self.init()

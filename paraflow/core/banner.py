@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Optional
-
-if TYPE_CHECKING:
-    from .backend import Backend
+from typing import Any, Optional
 
 __all__ = ["BANNER_ENV", "banner_enabled", "banner_line", "print_banner"]
 
@@ -32,7 +29,7 @@ def banner_enabled(option: Optional[bool]) -> bool:
     return os.environ.get(BANNER_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
-def banner_line(backend: Backend) -> str:
+def banner_line(backend: Any) -> str:
     """``paraflow: ddp-gloo over gloo, 2 processes, launcher torchrun, cpu, 1 thread each`` and the like."""
     controller = getattr(backend, "controller", None)
     over = f"controller {controller}, transport {backend.transport}" if controller else backend.transport
@@ -51,7 +48,7 @@ def banner_line(backend: Backend) -> str:
     return line + f" (silence: {BANNER_ENV}=0)"
 
 
-def print_banner(backend: Backend) -> None:
+def print_banner(backend: Any) -> None:
     """Print the banner on stderr, on rank 0."""
     if backend.rank == 0:
         print(banner_line(backend), file=sys.stderr, flush=True)

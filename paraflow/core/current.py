@@ -7,12 +7,9 @@ does not need the backend threaded through every call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import NotInitializedError
-
-if TYPE_CHECKING:
-    from .backend import Backend
 
 __all__ = ["current", "rank", "world_size", "local_rank", "is_main", "set_current", "clear_current"]
 
@@ -20,18 +17,18 @@ __all__ = ["current", "rank", "world_size", "local_rank", "is_main", "set_curren
 _ACTIVE: list = []
 
 
-def set_current(backend: Backend) -> None:
+def set_current(backend: Any) -> None:
     """Record `backend` as this process's current backend (called by ``Backend.init``)."""
     clear_current(backend)
     _ACTIVE.append(backend)
 
 
-def clear_current(backend: Backend) -> None:
+def clear_current(backend: Any) -> None:
     """Forget `backend` (called by ``Backend.shutdown``); the one initialised before it is current again."""
     _ACTIVE[:] = [b for b in _ACTIVE if b is not backend]
 
 
-def current() -> Backend:
+def current() -> Any:
     """The backend this process initialised most recently and has not shut down.
 
     Raises:

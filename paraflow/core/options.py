@@ -23,7 +23,8 @@ __all__ = [
 
 #: Options every backend accepts besides its own OPTIONS.
 COMMON_OPTIONS = frozenset(
-    "num_threads timeout world_size device precision compression accumulation_steps banner stall_threshold".split()
+    "num_threads timeout world_size device precision compression accumulation_steps banner stall_threshold "
+    "check_collectives".split()
 )
 #: Gradient compressions any backend may offer; each backend lists the ones it can do.
 COMPRESSIONS = ("none", "fp16", "bf16")

@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 from ..errors import ConfigurationError, UnknownBackendError
 
-__all__ = ["register", "register_backend", "registered_names", "create", "BackendSpec", "available_backends"]
+__all__ = ["register", "registered_names", "create", "BackendSpec", "available_backends"]
 
 
 @dataclass(frozen=True)
@@ -41,38 +41,6 @@ _REGISTRY: dict[str, BackendSpec] = {}
 def register(name: str, target: Union[str, type], description: str = "", alias_of: str = "", **presets: Any) -> None:
     """Register `target` (a class or "module:Class") under `name` with preset keyword options."""
     _REGISTRY[name] = BackendSpec(name, target, presets, description, alias_of)
-
-
-def register_backend(
-    name: str, backend: Union[str, type], *, description: str = "", replace: bool = False, **presets: Any
-) -> None:
-    """Make a backend available to :func:`paraflow.init` and ``--backend`` under `name`.
-
-    Args:
-        name: the name users pick it by (``paraflow.init(name)``, ``PARAFLOW_BACKEND``).
-        backend: a :class:`paraflow.Backend` subclass, or ``"module:Class"`` imported on first use
-            (so a backend with heavy dependencies costs nothing until chosen).
-        description: one line for ``paraflow list``.
-        replace: allow `name` to replace an existing registration (else an error).
-        **presets: keyword options passed to the class whenever it is created under `name`;
-            one class can be registered under several names with different presets.
-    """
-    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
-        raise ConfigurationError(f"a backend name is a non-empty word, got {name!r}.")
-    if isinstance(backend, str):
-        if ":" not in backend:
-            raise ConfigurationError(f"register {name!r} with a class or 'module:Class', got {backend!r}.")
-    else:
-        from .backend import Backend
-
-        if not (isinstance(backend, type) and issubclass(backend, Backend)):
-            raise ConfigurationError(f"backend {name!r} must be a paraflow.Backend subclass, got {backend!r}.")
-    if name in _REGISTRY and not replace:
-        raise ConfigurationError(
-            f"backend {name!r} is already registered ({_REGISTRY[name].target}); pick another name "
-            "or pass replace=True."
-        )
-    register(name, backend, description, **presets)
 
 
 def registered_names() -> list[str]:

@@ -69,6 +69,7 @@ class State(NamedTuple):
     since: float  # time.monotonic()
     waits: bool
     after: str = ""  # for "idle": the phase it left
+    call_args: Any = None  # for a collective: (its number, the tensor or None, the op or source)
 
 
 #: State from a tuple of every field, in one call: the markers run around every collective and step,
@@ -93,17 +94,18 @@ class Activity:
         it (save's allgathers) keep the outer name."""
         return _Call(self, name, site)
 
-    def enter(self, name: str, site: Optional[str] = None) -> None:
-        """A paraflow call made at `site` (found here if None) begins: what :meth:`call` does on entry."""
+    def enter(self, name: str, site: Optional[str] = None, call_args: Any = None) -> None:
+        """A paraflow call made at `site` (found here if None) begins: what :meth:`call` does on entry.
+        A collective passes `call_args`, (its number, the tensor or None, the op or source)."""
         self._depth += 1
         if self._depth == 1:
-            self.state = _state((name, site or call_site(), self.step, time.monotonic(), True, ""))
+            self.state = _state((name, site or call_site(), self.step, time.monotonic(), True, "", call_args))
 
     def leave(self, name: str) -> None:
         """The paraflow call `name` returned or failed: the script's own code runs."""
         self._depth -= 1
         if self._depth == 0:
-            self.state = _state(("idle", self.state.site, self.step, time.monotonic(), False, name))
+            self.state = _state(("idle", self.state.site, self.step, time.monotonic(), False, name, None))
 
     def forward_started(self, training: bool, site: Any) -> None:
         """A forward pass of the wrapped model begins at `site`; with gradients, it starts a new step."""
@@ -112,7 +114,7 @@ class Activity:
         if training:
             self.step += 1
         self.state = _state(
-            ("forward" if training else "forward (no grad)", site, self.step, time.monotonic(), False, "")
+            ("forward" if training else "forward (no grad)", site, self.step, time.monotonic(), False, "", None)
         )
 
     def forward_done(self, training: bool) -> None:
@@ -121,9 +123,9 @@ class Activity:
             return
         site = self.state.site
         if training:
-            self.state = _state(("backward", site, self.step, time.monotonic(), True, ""))
+            self.state = _state(("backward", site, self.step, time.monotonic(), True, "", None))
         else:
-            self.state = _state(("idle", site, self.step, time.monotonic(), False, "forward (no grad)"))
+            self.state = _state(("idle", site, self.step, time.monotonic(), False, "forward (no grad)", None))
 
     def optimizer_stepped(self) -> None:
         """The optimizer's step finished: the script's own code runs until the next marker. Recorded
@@ -131,7 +133,7 @@ class Activity:
         for horovod's optimizer (a subclass whose step calls its base's)."""
         state = self.state
         if not self._depth and state.after != "optimizer.step":
-            self.state = _state(("idle", state.site, self.step, time.monotonic(), False, "optimizer.step"))
+            self.state = _state(("idle", state.site, self.step, time.monotonic(), False, "optimizer.step", None))
 
 
 def attach_markers(activity: Activity, model: torch.nn.Module) -> None:

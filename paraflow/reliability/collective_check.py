@@ -1,42 +1,38 @@
-"""Before each collective, every rank learns what every other rank is about to do.
+"""The cross-rank check on demand: before each collective, every rank learns what the others call.
 
 torch's gloo does not check its inputs across ranks: an allreduce of float32[3] on one rank
 and float32[4] on another returns a 3-element sum on the first and aborts the second; a
-broadcast into a tensor of another dtype silently fills it with reinterpreted bytes. So before
-each of paraflow's own collectives the ranks allgather a fixed-size frame holding an int64
-descriptor (which collective, its sequence number, dtype, shape, reduce op or source rank, call
-site) through the backend's own allgather, and every rank raises the same CollectiveError when
-they disagree, naming each rank and what it had. Tensors of up to CARRY_BYTES travel inside the
-frame, so a small collective costs one exchange rather than two. This module encodes and
-compares descriptors; :mod:`paraflow.reliability.check_exchange` runs the exchange.
+broadcast into a tensor of another dtype silently fills it with reinterpreted bytes. With
+``check_collectives=True`` (``paraflow.init``) or ``PARAFLOW_DEBUG=1``, every public collective
+first allgathers a small int64 descriptor (which collective, its number, dtype, shape, reduce op
+or source rank, call site) through the backend's own allgather, and every rank raises the same
+CollectiveError when they disagree, naming each rank, what it called and where. Without it a
+mismatch shows in the stall report (:mod:`paraflow.reliability.stall`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-import struct
 import sys
 import zlib
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from ..errors import CollectiveError
+from .debug import debug_enabled, trace
 
 __all__ = [
     "call_site",
     "site_of",
     "is_library",
-    "LIBRARIES",
-    "USER_PROGRAMS",
+    "call_text",
+    "check_same_call",
     "describe",
     "mismatch_error",
     "COLLECTIVES",
     "DESCRIPTOR_WORDS",
-    "CARRY_BYTES",
-    "FRAME_BYTES",
 ]
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "barrier")
@@ -61,12 +57,6 @@ _SITE_BYTES = 96
 _HEADER = 8  # magic, collective, sequence, dtype, ndim, numel, argument, shape hash
 _SEQUENCE_WORD = 2
 DESCRIPTOR_WORDS = _HEADER + _MAX_DIMS + _SITE_BYTES // 8
-_DESCRIPTOR_BYTES = DESCRIPTOR_WORDS * 8
-_COMPARED_BYTES = (_HEADER + _MAX_DIMS) * 8
-_PACK = struct.Struct(f"<{DESCRIPTOR_WORDS}q")
-#: Tensors up to this size ride along with the check; the frame every rank sends is this plus the descriptor.
-CARRY_BYTES = 4096
-FRAME_BYTES = _DESCRIPTOR_BYTES + CARRY_BYTES
 # Frames of these packages are not the user's call site: paraflow itself, the libraries that call
 # back into it (torch's module call running a forward hook, horovod's optimizer step), contextlib.
 LIBRARIES = frozenset({"paraflow", "torch", "horovod", "contextlib"})
@@ -131,43 +121,43 @@ def _tensor_words(dtype: Optional[torch.dtype], shape: Optional[tuple]) -> tuple
     return (code, len(shape), numel, hash(shape) & ((1 << 62) - 1), *dims)  # ints hash alike in every process
 
 
-@functools.lru_cache(maxsize=1024)
-def _call_words(
-    collective: str, dtype: Optional[torch.dtype], shape: Optional[tuple], argument: int, site: str
-) -> tuple:
-    """A call's descriptor with sequence number 0 (cached: a loop repeats its calls)."""
-    code, ndim, numel, shape_hash, *dims = _tensor_words(dtype, None if shape is None else tuple(shape))
-    return (
-        _MAGIC,
-        COLLECTIVES.index(collective),
-        0,
-        code,
-        ndim,
-        numel,
-        argument,
-        shape_hash,
-        *dims,
-        *_site_words(site),
-    )
-
-
-def _words(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int, site: str) -> list:
-    """The descriptor of call number `sequence`, as int64 words."""
-    words = list(
-        _call_words(
-            collective,
-            None if tensor is None else tensor.dtype,
-            None if tensor is None else tensor.shape,
-            argument,
-            site,
-        )
-    )
-    words[_SEQUENCE_WORD] = sequence
-    return words
-
-
 def _encode(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: int, site: str) -> torch.Tensor:
-    return torch.tensor(_words(collective, sequence, tensor, argument, site), dtype=torch.int64)
+    """The descriptor of call number `sequence`, as int64 words."""
+    code, ndim, numel, shape_hash, *dims = _tensor_words(
+        None if tensor is None else tensor.dtype, None if tensor is None else tuple(tensor.shape)
+    )
+    words = (_MAGIC, COLLECTIVES.index(collective), sequence, code, ndim, numel, argument, shape_hash)
+    return torch.tensor((*words, *dims, *_site_words(site)), dtype=torch.int64)
+
+
+def _argument(collective: str, argument: Any) -> int:
+    """The descriptor's argument word: the allreduce op's index, the broadcast source, else -1."""
+    if collective == "allreduce":
+        return _OPS.index(argument)
+    return argument if collective == "broadcast" else -1
+
+
+def call_text(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: Any, site: str) -> str:
+    """The call as the check and the stall report name it: ``allreduce(float32[4], op=sum) as
+    collective #3 at train.py:12``; `argument` is the op or the source rank."""
+    return str(_Descriptor(_encode(collective, sequence, tensor, _argument(collective, argument), site).tolist()))
+
+
+def check_same_call(
+    backend: Any, sequence: int, collective: str, tensor: Optional[torch.Tensor], argument: Any, site: str
+) -> None:
+    """Raise the same CollectiveError on every rank unless all are about to make the same call.
+
+    One allgather of this rank's descriptor through the backend's own ``_allgather``; under
+    PARAFLOW_DEBUG each rank also prints the call on stderr first.
+    """
+    mine = _encode(collective, sequence, tensor, _argument(collective, argument), site)
+    if debug_enabled():
+        trace(backend.rank, str(_Descriptor(mine.tolist())))
+    rows = backend._allgather(mine.to(backend.device))
+    descriptors = [_Descriptor(row.cpu().tolist()) for row in rows]
+    if _mismatch(descriptors) is not None:
+        raise mismatch_error(collective, backend.rank, descriptors)
 
 
 class _Descriptor:

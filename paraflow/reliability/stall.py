@@ -21,14 +21,12 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..errors import ConfigurationError
 from .activity import Activity, State, site_text
+from .collective_check import call_text
 from .stall_explain import compose_report
-
-if TYPE_CHECKING:
-    from ..core.backend import Backend
 
 __all__ = ["STALL_ENV", "DEFAULT_STALL_S", "StallWatch", "start_stall_watch", "stall_facts", "stall_threshold_seconds"]
 
@@ -56,7 +54,7 @@ def stall_threshold_seconds(value: Any) -> float:
     return seconds
 
 
-def start_stall_watch(backend: Backend) -> Optional[StallWatch]:
+def start_stall_watch(backend: Any) -> Optional[StallWatch]:
     """Give a multi-process backend its activity record and, unless turned off, its watchdog."""
     if backend.world_size == 1:
         return None
@@ -86,7 +84,7 @@ def stall_facts(backend: Any) -> str:
 class StallWatch:
     """One rank's watchdog thread (see the module docstring)."""
 
-    def __init__(self, backend: Backend, activity: Activity, open_store: Callable[[], Any]) -> None:
+    def __init__(self, backend: Any, activity: Activity, open_store: Callable[[], Any]) -> None:
         self.rank, self.world_size = backend.rank, backend.world_size
         self.name, self.timeout = backend.name, backend.timeout
         # A report after the timeout would come too late to help: at most half of it.
@@ -165,6 +163,7 @@ class StallWatch:
         return {
             "call": state.call,
             "site": site_text(state.site),
+            "detail": _detail(state),
             "step": state.step,
             "after": state.after,
             "waits": state.waits,
@@ -193,6 +192,14 @@ class StallWatch:
             if len(fresh) == self.world_size or time.monotonic() >= deadline or self._stop.is_set():
                 return fresh
             time.sleep(0.25)
+
+
+def _detail(state: State) -> str:
+    """A collective's full description (its number, tensor, op or source and call site), else ''."""
+    if state.call_args is None:
+        return ""
+    number, tensor, argument = state.call_args
+    return call_text(state.call, number, tensor, argument, site_text(state.site))
 
 
 def _install_excepthook() -> None:

@@ -28,12 +28,15 @@ def _doing(record: dict) -> str:
     if call == "backward":
         what = f"in backward or the optimizer step after the forward at {site}"
     else:
-        what = f"in {call} at {site}"
+        what = f"in {record.get('detail') or f'{call} at {site}'}"
     return what + (f", waiting {seconds:.0f} s" if record["waits"] else f" for {seconds:.0f} s")
 
 
 def _short(record: dict) -> str:
-    what = f"own code after {record['after']}" if record["call"] == "idle" else f"{record['call']} at {record['site']}"
+    if record["call"] == "idle":
+        what = f"own code after {record['after']}"
+    else:
+        what = record.get("detail") or f"{record['call']} at {record['site']}"
     return f"{what}, step {record['step']}"
 
 
@@ -56,6 +59,16 @@ def likely_causes(records: dict[int, dict], world_size: int, window: float) -> l
             f"{_ranks(missing)} sent no record within {window:.0f} s: stopped (SIGSTOP, a debugger), crashed or "
             "exited, or stuck in native code that holds the Python GIL; its own output or the launcher's says which."
         )
+    if _different_collectives(records):
+        causes.append(
+            "the ranks wait in different collectives ("
+            + "; ".join(f"rank {r}: {rec['detail']}" for r, rec in sorted(records.items()))
+            + "): every rank must make the same collectives in the same order, with tensors of the same shape "
+            "and dtype and the same op or source. A loop over uneven shards (an evaluation where one rank has "
+            "more batches) does this: give every rank the same number of batches, or reduce once after the loop. "
+            "PARAFLOW_DEBUG=1 (or paraflow.init(check_collectives=True)) makes it an error at the call."
+        )
+        return causes
     for call in COLLECTIVE_CALLS:
         inside = sorted(r for r, rec in records.items() if rec["call"] == call)
         outside = sorted(r for r, rec in records.items() if rec["call"] != call)
@@ -82,6 +95,17 @@ def likely_causes(records: dict[int, dict], world_size: int, window: float) -> l
             "PARAFLOW_STALL_THRESHOLD) or the timeout (timeout=SECONDS, PARAFLOW_TIMEOUT)."
         )
     return causes
+
+
+def _different_collectives(records: dict[int, dict]) -> bool:
+    """True when every rank is inside a public collective but not all in the same one."""
+    details = {rec.get("detail") for rec in records.values()}
+    return len(details) > 1 and all(details) and len({_call_only(d) for d in details}) > 1
+
+
+def _call_only(detail: str) -> str:
+    """A collective's description without its call site: ranks calling from different lines is fine."""
+    return detail.rpartition(" at ")[0]
 
 
 _UNEVEN_FIX = (

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import datetime
 import socket
-from typing import TYPE_CHECKING, Any, Callable, Optional
-
-if TYPE_CHECKING:
-    from ..core.backend import Backend
+from typing import Any, Callable, Optional
 
 __all__ = ["process_group_store", "hosted_store", "STORE_OP_TIMEOUT_S"]
 
 #: Seconds one store operation of the watchdog may block (rank 0 gone: give up, try later).
+_ADDRESS_BYTES = 256  # a host name and a port
 STORE_OP_TIMEOUT_S = 10.0
 _sessions = 0  # backends started in this process: keys of an earlier session never mix in
 
@@ -50,14 +48,12 @@ def process_group_store() -> Optional[Callable[[], Any]]:
     return open_store
 
 
-def hosted_store(backend: Backend) -> Optional[Callable[[], Any]]:
+def hosted_store(backend: Any) -> Optional[Callable[[], Any]]:
     """Rank 0 serves a TCPStore; its address reaches every rank through one broadcast (a collective call).
 
     Returns None on every rank when rank 0 could not open one.
     """
     import torch.distributed as dist
-
-    from ..training.object_collectives import broadcast_object
 
     prefix = _prefix()
     server, address = None, None
@@ -69,7 +65,7 @@ def hosted_store(backend: Backend) -> Optional[Callable[[], Any]]:
             address = (host, server.port)
         except Exception:  # noqa: BLE001 - no store, no stall reports; training goes on
             address = None
-    address = broadcast_object(backend, address, src=0)
+    address = _broadcast_address(backend, address)
     if address is None:
         return None
 
@@ -80,3 +76,18 @@ def hosted_store(backend: Backend) -> Optional[Callable[[], Any]]:
         return dist.PrefixStore(prefix, store)
 
     return open_store
+
+
+def _broadcast_address(backend: Any, address: Optional[tuple]) -> Optional[tuple]:
+    """Rank 0's (host, port), or None, on every rank: one broadcast of a fixed-size byte tensor."""
+    import torch
+
+    raw = torch.zeros(_ADDRESS_BYTES, dtype=torch.uint8)
+    if address is not None:
+        text = f"{address[0]}:{address[1]}".encode()
+        raw[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    text = bytes(backend.broadcast(raw, src=0).tolist()).rstrip(b"\0").decode()
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    return host, int(port)

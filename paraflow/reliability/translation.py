@@ -14,13 +14,10 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from ..errors import CollectiveError, CollectiveTimeoutError, LauncherError, ParaflowError
 from .stall import stall_facts
-
-if TYPE_CHECKING:
-    from ..core.backend import Backend
 
 __all__ = [
     "collective_errors",
@@ -119,7 +116,7 @@ def translate_collective_error(
     return translated
 
 
-def translate_escaped_error(backend: Backend, exc: BaseException) -> Optional[CollectiveError]:
+def translate_escaped_error(backend: Any, exc: BaseException) -> Optional[CollectiveError]:
     """The paraflow error for torch's own communication failure leaving ``with paraflow.init()``, or None.
 
     DDP reduces gradients inside ``loss.backward()``, where paraflow has no hook: a lost or silent
@@ -154,7 +151,7 @@ class collective_errors:  # noqa: N801 - used like the function it is: ``with co
 
     __slots__ = ("backend", "collective", "start")
 
-    def __init__(self, backend: Backend, collective: str) -> None:
+    def __init__(self, backend: Any, collective: str) -> None:
         self.backend, self.collective = backend, collective
 
     def __enter__(self) -> None:
@@ -166,7 +163,7 @@ class collective_errors:  # noqa: N801 - used like the function it is: ``with co
         return False
 
 
-def raise_translated(backend: Backend, collective: str, exc: RuntimeError, started: float) -> None:
+def raise_translated(backend: Any, collective: str, exc: RuntimeError, started: float) -> None:
     """Raise `exc` (a failure in `collective`, begun at time.monotonic() `started`) as the paraflow
     error it stands for; return when it is not a communication failure."""
     original = getattr(exc, "original", None) if isinstance(exc, CollectiveError) else exc

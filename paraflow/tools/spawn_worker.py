@@ -27,9 +27,9 @@ PARENT_ENV = "PARAFLOW_LAUNCH_PARENT"
 
 def call_in_backend(fn: Callable[..., Any], backend: str, options: dict, args: tuple) -> Any:
     """Initialise `backend` for this rank, return ``fn(backend, *args)``, then shut the backend down."""
-    import paraflow
+    from ..core.registry import create
 
-    instance = paraflow.init(backend, **options)
+    instance = create(backend, **options).init()
     value = fn(instance, *args)
     instance.shutdown()
     return value

@@ -23,7 +23,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, MutableMapping
-from typing import IO, TYPE_CHECKING, Any, Callable, Optional
+from typing import IO, Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -33,9 +33,6 @@ from ..reliability.translation import collective_errors
 from .checkpoint_reader import read_checkpoint
 from .checksum import write_with_checksum
 from .object_collectives import allgather_objects
-
-if TYPE_CHECKING:
-    from ..core.backend import Backend
 
 __all__ = [
     "save_checkpoint",
@@ -150,12 +147,12 @@ def has_state_dict(value: Any) -> bool:
     return isinstance(value, nn.Module) or (hasattr(value, "state_dict") and hasattr(value, "load_state_dict"))
 
 
-def checkpoint_header(backend: Backend) -> dict:
+def checkpoint_header(backend: Any) -> dict:
     """What every checkpoint records about its writer: format version, backend, world size."""
     return {"format": FORMAT_VERSION, "backend": backend.name, "world_size": backend.world_size}
 
 
-def state_to_save(backend: Backend, state: Mapping[str, Any]) -> dict:
+def state_to_save(backend: Any, state: Mapping[str, Any]) -> dict:
     """`state` as a checkpoint stores it: modules unwrapped and by state dict, stateful objects by
     state dict, anything else as it is (what :meth:`Backend._state_to_save` does by default)."""
     saved = {}
@@ -169,9 +166,7 @@ def state_to_save(backend: Backend, state: Mapping[str, Any]) -> dict:
     return saved
 
 
-def restore_state(
-    backend: Backend, state: Optional[MutableMapping[str, Any]], saved: Mapping[str, Any], path: str
-) -> dict:
+def restore_state(backend: Any, state: Optional[MutableMapping[str, Any]], saved: Mapping[str, Any], path: str) -> dict:
     """Restore `state` in place from the checkpoint entries `saved`; the entries not restored into
     an object (what :meth:`Backend._restore_state` does by default)."""
     rest = dict(saved)
@@ -195,13 +190,13 @@ def restore_state(
 # ------------------------------------------------------------------------- save / load
 
 
-def _agree(backend: Backend, ok: bool) -> list[int]:
+def _agree(backend: Any, ok: bool) -> list[int]:
     """Ranks (all of them see the same list) where `ok` is False; also a barrier."""
     flags = backend.allgather(torch.tensor([int(ok)], dtype=torch.int64))
     return [r for r, f in enumerate(flags) if not int(f.item())]
 
 
-def save_checkpoint(backend: Backend, path: str, state: Mapping[str, Any]) -> None:
+def save_checkpoint(backend: Any, path: str, state: Mapping[str, Any]) -> None:
     """Write `state` to `path` from rank 0, atomically; a collective call on every rank.
 
     Args:
@@ -219,7 +214,7 @@ def save_checkpoint(backend: Backend, path: str, state: Mapping[str, Any]) -> No
         _save(backend, path, state)
 
 
-def _save(backend: Backend, path: str, state: Mapping[str, Any]) -> None:
+def _save(backend: Any, path: str, state: Mapping[str, Any]) -> None:
     rng = allgather_objects(backend, capture_rng_state(backend.device))
     saveable = backend._state_to_save(state)  # on every rank: a sharded backend gathers here
     error: Optional[BaseException] = None
@@ -241,7 +236,7 @@ def _save(backend: Backend, path: str, state: Mapping[str, Any]) -> None:
 
 
 def load_checkpoint(
-    backend: Backend, path: str, state: Optional[MutableMapping[str, Any]] = None, restore_rng: bool = True
+    backend: Any, path: str, state: Optional[MutableMapping[str, Any]] = None, restore_rng: bool = True
 ) -> dict:
     """Read `path` on every rank after a barrier and restore `state` from it; a collective call.
 
@@ -267,7 +262,7 @@ def load_checkpoint(
         return _load(backend, path, state, restore_rng)
 
 
-def _load(backend: Backend, path: str, state: Optional[MutableMapping[str, Any]], restore_rng: bool) -> dict:
+def _load(backend: Any, path: str, state: Optional[MutableMapping[str, Any]], restore_rng: bool) -> dict:
     backend.barrier()
     checkpoint: Optional[dict] = None
     error: Optional[BaseException] = None

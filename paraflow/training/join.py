@@ -12,17 +12,14 @@ context with the same state.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .object_collectives import broadcast_object
-
-if TYPE_CHECKING:
-    from ..core.backend import Backend
 
 __all__ = ["copy_state_from"]
 
 
-def copy_state_from(backend: Backend, objects: Sequence[Any], src: int) -> None:
+def copy_state_from(backend: Any, objects: Sequence[Any], src: int) -> None:
     """Load rank `src`'s ``state_dict()`` of each object into the same object on every rank."""
     for obj in objects:
         state = broadcast_object(backend, obj.state_dict() if backend.rank == src else None, src=src)

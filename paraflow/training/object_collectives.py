@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from ..core.backend import Backend
 
 __all__ = ["broadcast_object", "allgather_objects"]
 
@@ -23,7 +20,7 @@ def _from_bytes(payload: torch.Tensor) -> Any:
     return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location="cpu", weights_only=False)
 
 
-def broadcast_object(backend: Backend, obj: Any, src: int = 0) -> Any:
+def broadcast_object(backend: Any, obj: Any, src: int = 0) -> Any:
     """Rank `src`'s `obj` on every rank (tensors inside arrive on the CPU); a collective call."""
     if backend.world_size == 1:
         return obj
@@ -35,7 +32,7 @@ def broadcast_object(backend: Backend, obj: Any, src: int = 0) -> Any:
     return obj if backend.rank == src else _from_bytes(received)
 
 
-def allgather_objects(backend: Backend, obj: Any) -> list:
+def allgather_objects(backend: Any, obj: Any) -> list:
     """Every rank's `obj`, indexed by rank; a collective call."""
     if backend.world_size == 1:
         return [obj]

@@ -1,7 +1,7 @@
 """Bad input ends with a clear error on every rank, never a hang or a silent wrong result.
 
 Mismatched collectives (shape, number of dimensions, dtype, op, source rank, a different
-collective), a world size that the started processes do not fill, a rendezvous port that is
+collective) under the cross-rank check, a world size that the started processes do not fill, a rendezvous port that is
 taken, and a model with parameters that get no gradient. Real processes, 2 ranks.
 """
 
@@ -57,6 +57,19 @@ def test_mismatched_collectives_fail_on_every_rank_naming_both_sides(backend, la
             assert f"rank 0 called {call0}" in message and f"rank 1 called {call1}" in message, (case, message)
     finals = [e for e in seen if e["case"] == "final"]
     assert [e["sum"] for e in finals] == [2.0, 2.0], "the job is unusable after the mismatches"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("backend, launcher", BACKENDS[:2])
+def test_debug_mode_stops_the_uneven_evaluation_at_once_naming_both_call_sites(backend, launcher):
+    result = run_worker(launcher, 2, "uneven_eval.py", backend, timeout=150, env={"PARAFLOW_DEBUG": "1"})
+    assert result.returncode != 0
+    errors = [e for e in events(result.stdout) if e.get("error")]
+    assert sorted(e["rank"] for e in errors) == [0, 1], result.stdout[-3000:] + result.stderr[-3000:]
+    for error in errors:
+        assert error["error"] == "CollectiveError" and "ranks called different collectives" in error["message"]
+        assert "rank 0 called allreduce(float32[2], op=sum) as collective #3 at uneven_eval.py:" in error["message"]
+        assert "rank 1 called allgather(float32[1]) as collective #3 at uneven_eval.py:" in error["message"]
 
 
 @pytest.mark.timeout(240)

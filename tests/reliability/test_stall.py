@@ -61,6 +61,26 @@ def test_save_under_if_rank_0_gives_a_stall_report_naming_both_calls_and_the_fix
     assert not any("error" in e for e in events(text)), "a rank failed before the report:\n" + text[-3000:]
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("backend, launcher", LAUNCHES)
+def test_uneven_evaluation_ends_with_a_stall_report_naming_each_ranks_collective(backend, launcher):
+    """Without the cross-rank check, the stall report names the mismatch and the timeout ends the job."""
+    timeout = 20
+    result = run_worker(launcher, 2, "uneven_eval.py", backend, timeout=STARTUP_S + 120, env={"PARAFLOW_TIMEOUT": "20"})
+    assert result.returncode != 0
+    seen = events(result.stdout)
+    started = min(e["start"] for e in seen if "start" in e)
+    errors = [e for e in seen if e.get("error")]
+    assert errors and all(e["time"] - started < timeout + 30 for e in errors), result.stdout[-3000:]
+    text = result.stderr + result.stdout
+    assert "likely cause: the ranks wait in different collectives" in text, text[-4000:]
+    for line in (
+        "rank 0: in allreduce(float32[2], op=sum) as collective #3 at uneven_eval.py:",
+        "rank 1: in allgather(float32[1]) as collective #3 at uneven_eval.py:",
+    ):
+        assert line in text, f"{line!r} not in:\n{text[-4000:]}"
+
+
 UNEVEN = ["--samples", "449", "--batch-size", "112"]  # shards of 225 and 224: 3 batches against 2
 
 

@@ -13,7 +13,7 @@ from conftest import launch_ok, requires_horovod
 import paraflow
 from paraflow.tools import check
 
-CHECK = ["-m", "paraflow.tools.cli", "check", "--json"]
+CHECK = ["-m", "paraflow.cli", "check", "--json"]
 
 
 def _report(result) -> list:
@@ -84,7 +84,7 @@ def test_under_mpirun_every_rank_reports_itself(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_text_report_is_printed_once_under_a_launcher():
-    result = launch_ok("mpirun", 2, ["-m", "paraflow.tools.cli", "env"], timeout=100)
+    result = launch_ok("mpirun", 2, ["-m", "paraflow.cli", "env"], timeout=100)
     out = result.stdout
     assert out.count("backends\n") == 1 and out.count("torch        ") == 1
     assert "launcher   openmpi: rank 0 of 2" in out

@@ -12,7 +12,7 @@ from paraflow.tools.comm_rank import COLLECTIVES
 
 
 def check_comm(env, *args):
-    cmd = [sys.executable, "-m", "paraflow.tools.cli", "check", "--comm", *args]
+    cmd = [sys.executable, "-m", "paraflow.cli", "check", "--comm", *args]
     return subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=400)
 
 
@@ -51,7 +51,7 @@ def test_a_broken_backend_fails_the_command(no_leftovers):
 
 
 def test_unknown_backends_are_refused_before_anything_starts(capsys):
-    from paraflow.tools.cli import main
+    from paraflow.cli import main
 
     assert main(["check", "--comm", "--backend", "nope"]) == 2
     assert "known backends" in capsys.readouterr().err

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, requires_horovod
 
+from paraflow.cli import main as cli
 from paraflow.core.placement import cores
 from paraflow.environment.launchers import free_port
-from paraflow.tools.cli import main as cli
 from paraflow.tools.run_plan import job_environment
 
 PY = sys.executable
@@ -123,7 +123,7 @@ def test_a_parent_jobs_rank_variables_are_not_passed_on():
 
 
 def paraflow_run(env, *args, timeout=240):
-    cmd = [PY, "-m", "paraflow.tools.cli", "run", *map(str, args)]
+    cmd = [PY, "-m", "paraflow.cli", "run", *map(str, args)]
     return subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
 
 
@@ -159,7 +159,7 @@ def test_a_killed_rank_ends_the_run_with_every_process_gone(no_leftovers, tmp_pa
 
 
 def test_ctrl_c_kills_every_process_it_started(no_leftovers, tmp_path):
-    cmd = [PY, "-m", "paraflow.tools.cli", "run", "-n", "2", "--backend", "ddp-gloo", PROBE, "sleep", str(tmp_path)]
+    cmd = [PY, "-m", "paraflow.cli", "run", "-n", "2", "--backend", "ddp-gloo", PROBE, "sleep", str(tmp_path)]
     proc = subprocess.Popen(
         cmd, env=no_leftovers, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -186,7 +186,7 @@ def test_torchrun_across_two_hosts_forms_one_job(no_leftovers, tmp_path):
     hosts, port = "127.0.0.1:1,localhost:1", str(free_port())
     agents = [
         subprocess.Popen(
-            [PY, "-m", "paraflow.tools.cli", "run", "--hosts", hosts, "--node-rank", str(node), "--port", port]
+            [PY, "-m", "paraflow.cli", "run", "--hosts", hosts, "--node-rank", str(node), "--port", port]
             + ["--backend", "ddp-gloo", PROBE, "identity", str(tmp_path)],
             env=no_leftovers,
             cwd=str(ROOT),

@@ -1,10 +1,11 @@
-"""Both ways a public collective travels: inside the check's frame (small) and on its own (large).
+"""Every public collective: exact results, and how many library collectives it costs.
 
 Usage: <launcher> python tests/workers/collective_paths.py BACKEND OUT
 For each length, rank r contributes (r + 1) * (i % 7 - 3) at element i; every result is
-compared here element by element with the value computed by hand, and the counts of wrong
-elements go to OUT/rank<R>.json. Then mismatches across the two paths must fail on every rank
-and leave the job usable.
+compared here element by element with the value computed by hand, once without the cross-rank
+check and once with it. Then 24 mixed public calls from six lines run with the check off and
+with it on, counting the library's own collectives around them (the process group's sequence
+number under torch.distributed; None elsewhere). Everything goes to OUT/rank<R>.json.
 """
 
 import json
@@ -14,9 +15,9 @@ from pathlib import Path
 import torch
 
 import paraflow
-from paraflow.reliability.collective_check import CARRY_BYTES
 
-LENGTHS = (3, CARRY_BYTES // 4, CARRY_BYTES // 4 + 1, 5000)  # carried, the largest carried, the smallest not
+LENGTHS = (3, 1024, 5000)
+MIXED_ROUNDS = 4  # six public calls each
 
 
 def values(rank: int, n: int) -> torch.Tensor:
@@ -27,54 +28,72 @@ def wrong(got, want) -> int:
     return int(want.numel()) if got.shape != want.shape else int((got != want).sum())
 
 
-def main(name: str, out: Path) -> None:
+def exact(backend) -> dict:
+    world, rank = backend.world_size, backend.rank
     results = {}
-    with paraflow.init(name) as backend:
-        world, rank = backend.world_size, backend.rank
-        for n in LENGTHS:
-            rows = [values(r, n) for r in range(world)]
-            x = values(rank, n)
-            before = x.clone()
-            checks = {
-                "allreduce/sum": wrong(backend.allreduce(x, op="sum"), sum(rows)),
-                "allreduce/mean": wrong(backend.allreduce(x, op="mean"), sum(rows) / world),
-                "allreduce/max": wrong(backend.allreduce(x, op="max"), torch.stack(rows).max(0).values),
-                "allreduce/min": wrong(backend.allreduce(x, op="min"), torch.stack(rows).min(0).values),
-                "broadcast": wrong(backend.broadcast(x, src=1), rows[1]),
-                "allgather": sum(wrong(g, w) for g, w in zip(backend.allgather(x), rows)),
-                "unchanged": wrong(x, before),
-                "allreduce_": wrong(backend.allreduce_(x.clone(), "sum"), sum(rows)),
-                "broadcast_": wrong(backend.broadcast_(x.clone(), src=1), rows[1]),
-            }
-            in_place = x.clone()
-            backend.allreduce_(in_place, "sum")
-            checks["allreduce_/in place"] = wrong(in_place, sum(rows))
-            results[str(n)] = checks
-        mismatches = {}
-        small, large, other = torch.ones(3), torch.ones(5000), torch.ones(6000)
-        cases = {  # (rank 0's call, the other ranks' call)
-            "carried-vs-not": (lambda: backend.allreduce(small), lambda: backend.allreduce(large)),
-            "not-vs-carried-broadcast": (lambda: backend.broadcast(large), lambda: backend.allgather(small)),
-            # after the same call on every rank, rank 0 repeats it: it starts before the check
-            "repeated-vs-other-shape": (lambda: backend.allreduce(large), lambda: backend.allreduce(other)),
-            "repeated-vs-barrier": (lambda: backend.allreduce_(large.clone()), backend.barrier),
-            "repeated-allgather-vs-small": (lambda: backend.allgather(large), lambda: backend.allreduce(small)),
+    for n in LENGTHS:
+        rows = [values(r, n) for r in range(world)]
+        x = values(rank, n)
+        before = x.clone()
+        checks = {
+            "allreduce/sum": wrong(backend.allreduce(x, op="sum"), sum(rows)),
+            "allreduce/mean": wrong(backend.allreduce(x, op="mean"), sum(rows) / world),
+            "allreduce/max": wrong(backend.allreduce(x, op="max"), torch.stack(rows).max(0).values),
+            "allreduce/min": wrong(backend.allreduce(x, op="min"), torch.stack(rows).min(0).values),
+            "broadcast": wrong(backend.broadcast(x, src=1), rows[1]),
+            "allgather": sum(wrong(g, w) for g, w in zip(backend.allgather(x), rows)),
+            "unchanged": wrong(x, before),
+            "allreduce_": wrong(backend.allreduce_(x.clone(), "sum"), sum(rows)),
+            "broadcast_": wrong(backend.broadcast_(x.clone(), src=1), rows[1]),
         }
-        expected = sum(values(r, 5000) for r in range(world))
-        for case, calls in cases.items():
-            if case.startswith("repeated"):
-                calls[0]()  # every rank: agreed
-                results[f"primed/{case}"] = getattr(backend, "_last_agreed", None) is not None
-            try:
-                calls[0 if rank == 0 else 1]()
-                mismatches[case] = "ok"
-            except paraflow.CollectiveError as exc:
-                mismatches[case] = f"CollectiveError: {exc}"
-            results[f"after/{case}"] = wrong(backend.allreduce(values(rank, 5000), op="sum"), expected)
-        results["mismatches"] = mismatches
+        in_place = x.clone()
+        backend.allreduce_(in_place, "sum")
+        checks["allreduce_/in place"] = wrong(in_place, sum(rows))
+        results[str(n)] = checks
+    return results
+
+
+def mixed_calls(backend) -> None:
+    """24 public calls from six lines of this file."""
+    for i in range(MIXED_ROUNDS):
+        backend.allreduce(torch.ones(8), op="sum")
+        backend.allreduce_(torch.ones(1000 + i), op="max")
+        backend.broadcast(torch.ones(3, 4), src=1)
+        backend.broadcast_(torch.ones(16, dtype=torch.int64), src=0)
+        backend.allgather(torch.ones(5))
+        backend.barrier()
+
+
+def library_collectives(backend):
+    """A function counting the library collectives so far, or None where it cannot be read."""
+    if not backend.name.startswith(("ddp", "fsdp")):
+        return None
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_group()._get_sequence_number_for_group
+
+
+def count(backend, counter) -> dict:
+    made_before = backend.collective_count
+    before = counter() if counter else None
+    mixed_calls(backend)
+    return {
+        "public": backend.collective_count - made_before,
+        "library": counter() - before if counter else None,
+    }
+
+
+def main(name: str, out: Path) -> None:
+    with paraflow.init(name) as backend:
+        assert not backend.check_collectives
+        counter = library_collectives(backend)
+        results = {"plain": exact(backend), "count/plain": count(backend, counter)}
+        backend.check_collectives = True
+        results["checked"] = exact(backend)
+        results["count/checked"] = count(backend, counter)
         results["final"] = backend.allreduce(torch.ones(2), op="sum").tolist()
-        results["rank"] = rank
-    (out / f"rank{rank}.json").write_text(json.dumps(results))
+        results["rank"] = backend.rank
+    (out / f"rank{backend.rank}.json").write_text(json.dumps(results))
 
 
 if __name__ == "__main__":

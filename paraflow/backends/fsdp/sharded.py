@@ -20,7 +20,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -36,9 +36,6 @@ from ...training.checkpoint import (
 )
 from ...training.object_collectives import allgather_objects, broadcast_object
 from .full_state import is_sharded, keep_tuples
-
-if TYPE_CHECKING:
-    from .backend import FSDPBackend
 
 __all__ = ["ShardedCheckpointer", "POINTER", "EXTRAS", "committed_version"]
 
@@ -81,7 +78,7 @@ def _commit(path: str, version: str) -> None:
 class ShardedCheckpointer:
     """Sharded save and load for one FSDP backend; holds its pending asynchronous save."""
 
-    def __init__(self, backend: FSDPBackend) -> None:
+    def __init__(self, backend: Any) -> None:
         self.backend = backend
         self._pending: Optional[concurrent.futures.Future] = None
         self._group = None

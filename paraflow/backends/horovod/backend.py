@@ -131,18 +131,6 @@ class HorovodBackend(HorovodCollectives, Backend):
             return "nccl"
         return os.environ.get("HOROVOD_CPU_OPERATIONS", self.controller).lower()
 
-    @property
-    def _bundles_checks(self) -> bool:
-        """Where the ranks share no memory (reliability/check_board.py), a repeated mid-sized allreduce
-        may carry the cross-rank check (reliability/check_bundle.py):
-        over gloo on the CPU, where the check frame's allgather costs a round trip of its own
-        (horovod's background thread runs the two one after the other). Under MPI the frame is cheap."""
-        return self.transport == "gloo" and self.device.type == "cpu"
-
-    #: horovod's Average is a Sum then a scaling of the whole (fused) buffer by 1/size: a bundle's
-    #: mean runs as the library's own, descriptor slots included (check_bundle.py undoes it there).
-    _mean_scales_buffer = True
-
     # ---------------------------------------------------------------- lifecycle
     def init(self, environment: Optional[ProcessEnvironment] = None) -> HorovodBackend:
         """Start horovod (see :meth:`Backend.init`).

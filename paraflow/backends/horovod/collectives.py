@@ -11,7 +11,7 @@ while it ends in time. Horovod's errors become paraflow's, naming the call and t
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -32,38 +32,30 @@ _GLOO_GRACE_S = 10.0
 class HorovodCollectives:
     """allreduce, broadcast, allgather and barrier through horovod, for :class:`HorovodBackend`."""
 
-    # Asynchronous forms: each submits the operation and returns the function that waits for its result.
-    def _start_allreduce(self, tensor: torch.Tensor, op: str) -> Callable[[], torch.Tensor]:
+    # One horovod operation each, behind the public collectives (paraflow.core.collectives).
+    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         what = f"allreduce ({op}) of a {_describe(tensor)}"
         hvd = self._horovod()
         with self.horovod_errors(what):
             handle = hvd.allreduce_async_(
                 tensor.contiguous(), name=f"paraflow.allreduce.{op}", op=getattr(hvd, _COLLECTIVE_OPS[op])
             )
-        return self._finisher(handle, what)
+            return self._wait(handle)
 
-    def _start_broadcast(self, tensor: torch.Tensor, src: int) -> Callable[[], torch.Tensor]:
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         what = f"broadcast from rank {src} of a {_describe(tensor)}"
         hvd = self._horovod()
         with self.horovod_errors(what):
             handle = hvd.broadcast_async_(tensor.contiguous(), root_rank=src, name=f"paraflow.broadcast.{src}")
-        return self._finisher(handle, what)
+            return self._wait(handle)
 
-    def _start_allgather(self, tensor: torch.Tensor, name: str = "paraflow.allgather") -> Callable[[], list]:
+    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         # One leading row per rank: horovod then requires every other dimension to agree.
         what = f"allgather of a {_describe(tensor)}"
         hvd = self._horovod()
         with self.horovod_errors(what):
-            handle = hvd.allgather_async(tensor.reshape(1, *tensor.shape), name=name)
-        wait = self._finisher(handle, what)
-        return lambda: list(wait().unbind(0))
-
-    def _finisher(self, handle: int, what: str) -> Callable[[], Any]:
-        def finish() -> Any:
-            with self.horovod_errors(what):
-                return self._wait(handle)
-
-        return finish
+            handle = hvd.allgather_async(tensor.reshape(1, *tensor.shape), name="paraflow.allgather")
+            return list(self._wait(handle).unbind(0))
 
     def _barrier(self) -> None:
         """Wait for every rank (horovod's barrier)."""

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from ...errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from .backend import HorovodBackend
 
 __all__ = ["distributed_optimizer", "skip_gradient_allreduce", "GRADIENT_OPS"]
 
@@ -29,7 +26,7 @@ _NO_SYNC_PASSES = 1 << 30
 
 
 def distributed_optimizer(
-    backend: HorovodBackend, hvd: Any, optimizer: torch.optim.Optimizer, model: Optional[nn.Module]
+    backend: Any, hvd: Any, optimizer: torch.optim.Optimizer, model: Optional[nn.Module]
 ) -> torch.optim.Optimizer:
     """Horovod's DistributedOptimizer over the optimizer's parameters, with rank 0's state.
 
@@ -75,7 +72,7 @@ def _named_by_position(optimizer: torch.optim.Optimizer) -> list[tuple[str, torc
 
 
 def _broadcast_optimizer_state(
-    backend: HorovodBackend, hvd: Any, optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.Tensor]]
+    backend: Any, hvd: Any, optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.Tensor]]
 ) -> None:
     """Give every rank rank 0's optimizer state and hyperparameters.
 
@@ -98,7 +95,7 @@ def _broadcast_optimizer_state(
                 group.update(options)
 
 
-def _bound_gradient_sync(backend: HorovodBackend, optimizer: torch.optim.Optimizer) -> None:
+def _bound_gradient_sync(backend: Any, optimizer: torch.optim.Optimizer) -> None:
     """Bound ``optimizer.step``'s wait for the gradient allreduces by the timeout; errors become paraflow's."""
     synchronize = optimizer.synchronize
     what = "gradient allreduce in optimizer.step"

@@ -2,7 +2,7 @@
 
 Usage: <launcher> python tests/reliability/workers/mismatch.py BACKEND [CASE ...]   (default: every case)
 
-Rank 0 and the other ranks pass different inputs in each case. Every rank prints one
+Rank 0 and the other ranks pass different inputs in each case, with the cross-rank check on. Every rank prints one
 ``EVENT {json}`` line per case: the outcome ("error" or "ok"), the error's type and message
 and the seconds the call took. A final matching allreduce shows the job is still usable.
 """
@@ -43,7 +43,7 @@ CASES = {
 
 
 def main(name: str, cases: list) -> None:
-    with paraflow.init(name) as backend:
+    with paraflow.init(name, check_collectives=True) as backend:
         for case in cases or list(CASES):
             call = CASES[case][0 if backend.rank == 0 else 1]
             start = time.perf_counter()

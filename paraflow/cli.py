@@ -7,7 +7,7 @@ import sys
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from ..core.registry import available_backends
+    from .core.registry import available_backends
 
     for name, reason in available_backends().items():
         print(f"{name:10s} {'available' if reason is None else 'unavailable: ' + reason}")
@@ -15,35 +15,35 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..bench.driver.cli import run_from_args
+    from .bench.driver.cli import run_from_args
 
     return run_from_args(args)
 
 
 def _check(args: argparse.Namespace) -> int:
     if args.comm or args.backend or args.nprocs is not None or args.timeout is not None:
-        from .comm_check import run_from_args as comm_check
+        from .tools.comm_check import run_from_args as comm_check
 
         return comm_check(args)
-    from .check import main as check_main
+    from .tools.check import main as check_main
 
     return check_main(as_json=args.json, json_dir=args.json_dir)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .run import run_from_args
+    from .tools.run import run_from_args
 
     return run_from_args(args)
 
 
 def _build_horovod(args: argparse.Namespace) -> int:
-    from ..backends.horovod.build import build_and_install
+    from .backends.horovod.build import build_and_install
 
     return build_and_install(args.python, args.force)
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    from .cluster.cli import main as cluster_main
+    from .tools.cluster.cli import main as cluster_main
 
     return cluster_main(args)
 
@@ -67,29 +67,29 @@ def main(argv=None) -> int:
         help="write each process's JSON report to DIR/rank<R>.json (lines printed at once by several "
         "processes can interleave as a launcher forwards them)",
     )
-    from .comm_check import add_arguments as add_comm_arguments
+    from .tools.comm_check import add_arguments as add_comm_arguments
 
     add_comm_arguments(check).set_defaults(func=_check)
-    from .run import add_arguments as add_run_arguments
+    from .tools.run import add_arguments as add_run_arguments
 
     add_run_arguments(
         sub.add_parser("run", help="start a script under the launcher its backend wants (torchrun, mpirun, ...)")
     ).set_defaults(func=_run)
-    from ..backends.horovod.build import add_arguments as add_build_arguments
+    from .backends.horovod.build import add_arguments as add_build_arguments
 
     add_build_arguments(
         sub.add_parser("build-horovod", help="build horovod against this torch (MPI and gloo), cached, and install it")
     ).set_defaults(func=_build_horovod)
-    from ..bench.driver.cli import add_arguments as add_bench_arguments
+    from .bench.driver.cli import add_arguments as add_bench_arguments
 
     bench = sub.add_parser("bench", help="benchmark every backend available here: tables, CSV, JSON, plots")
     add_bench_arguments(bench).set_defaults(func=_bench)
-    from .cluster.cli import add_arguments as add_cluster_arguments
+    from .tools.cluster.cli import add_arguments as add_cluster_arguments
 
     cluster = sub.add_parser("cluster", help="an emulated multi-host cluster on this machine (root): up, exec, down")
     add_cluster_arguments(cluster).set_defaults(func=_cluster)
     args = parser.parse_args(argv)
-    from ..errors import ConfigurationError
+    from .errors import ConfigurationError
 
     try:
         return args.func(args)
