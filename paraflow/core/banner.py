@@ -10,16 +10,11 @@ import os
 import sys
 from typing import Any, Optional
 
+from ..environment.launchers import launcher_label
+
 __all__ = ["BANNER_ENV", "banner_enabled", "banner_line", "print_banner"]
 
 BANNER_ENV = "PARAFLOW_BANNER"
-_LAUNCHER_NAMES = {
-    "openmpi": "mpirun (Open MPI)",
-    "mpich": "mpiexec (MPICH)",
-    "mvapich2": "mpirun (MVAPICH2)",
-    "slurm": "srun",
-    "python": "no launcher (plain python)",
-}
 
 
 def banner_enabled(option: Optional[bool]) -> bool:
@@ -34,7 +29,7 @@ def banner_line(backend: Any) -> str:
     controller = getattr(backend, "controller", None)
     over = f"controller {controller}, transport {backend.transport}" if controller else backend.transport
     n, threads = backend.world_size, _threads()
-    launcher = _LAUNCHER_NAMES.get(backend.launcher, backend.launcher)
+    launcher = launcher_label(backend.launcher)
     where = str(backend.device) if backend.device.type == "cuda" else f"cpu, {threads} thread{'s' * (threads > 1)} each"
     line = (
         f"paraflow: {backend.name}{f' over {over}' if over not in (None, 'none') else ''}, "

@@ -16,14 +16,14 @@ from typing import Optional
 
 from ..errors import LauncherError
 
-#: Launchers that are MPI implementations (ranks share an MPI communicator).
-MPI_LAUNCHERS = ("openmpi", "mpich", "mvapich2")
-
 __all__ = [
     "MPI_LAUNCHERS",
     "ProcessEnvironment",
     "detect_environment",
     "LAUNCHERS",
+    "Launcher",
+    "launcher_tools",
+    "launcher_label",
     "expand_hostlist",
     "launcher_variables",
 ]
@@ -53,52 +53,54 @@ class ProcessEnvironment:
 
 
 @dataclass(frozen=True)
-class _Launcher:
-    """The variables one launcher sets; `marker` decides whether it started this process."""
+class Launcher:
+    """One launcher: the variables it sets (`marker` decides whether it started this process) and,
+    for those paraflow starts itself, the program (`tool`) ``paraflow run``, multi-host jobs and the
+    benchmark run."""
 
-    name: str
-    command: str
-    marker: str
-    rank: str
-    world_size: str
+    name: str  # as ProcessEnvironment.launcher names it
+    command: str  # how a user starts a job with it (for messages)
+    marker: Optional[str]
+    rank: Optional[str]
+    world_size: Optional[str]
     local_rank: Optional[str]
     local_world_size: Optional[str]
+    label: str = ""  # for the banner, when not the name
+    tool: Optional[str] = None  # the program paraflow starts jobs with (None: paraflow never starts it)
+    multihost: bool = False  # paraflow can start it on several hosts
+    mpi: bool = False  # an MPI implementation (ranks share an MPI communicator)
 
 
 # Fixed priority: torchrun often runs inside an srun allocation, so it comes first.
+_RANK_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 LAUNCHERS = (
-    _Launcher(
-        "torchrun",
-        "torchrun --nproc_per_node N train.py",
-        "RANK",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-    ),
+    Launcher("torchrun", "torchrun --nproc_per_node N train.py", "RANK", *_RANK_NAMES, tool="torchrun", multihost=True),
     # paraflow.launch's workers: their own names, so a torchrun started inside one still wins.
-    _Launcher(
-        "paraflow-launch",
-        "paraflow.launch(fn, nprocs=N)",
-        "PARAFLOW_RANK",
-        "PARAFLOW_RANK",
-        "PARAFLOW_WORLD_SIZE",
-        "PARAFLOW_LOCAL_RANK",
-        "PARAFLOW_LOCAL_WORLD_SIZE",
+    Launcher(
+        "paraflow-launch", "paraflow.launch(fn, nprocs=N)", "PARAFLOW_RANK", *(f"PARAFLOW_{n}" for n in _RANK_NAMES)
     ),
-    _Launcher(
-        "slurm", "srun -n N python train.py", "SLURM_PROCID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None
+    Launcher(
+        "slurm",
+        "srun -n N python train.py",
+        "SLURM_PROCID",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+        None,
+        label="srun",
+        tool="srun",
     ),
-    _Launcher(
+    Launcher(
         "openmpi",
         "mpirun -np N python train.py",
         "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        *(f"OMPI_COMM_WORLD_{n}" for n in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")),
+        label="mpirun (Open MPI)",
+        tool="mpirun",
+        multihost=True,
+        mpi=True,
     ),
-    _Launcher(
+    Launcher(
         "mpich",
         "mpiexec -n N python train.py",
         "PMI_RANK",
@@ -106,26 +108,44 @@ LAUNCHERS = (
         "PMI_SIZE",
         "MPI_LOCALRANKID",
         "MPI_LOCALNRANKS",
+        label="mpiexec (MPICH)",
+        mpi=True,
     ),
-    _Launcher(
+    Launcher(
         "mvapich2",
         "mpirun_rsh -np N python train.py",
         "MV2_COMM_WORLD_RANK",
-        "MV2_COMM_WORLD_RANK",
-        "MV2_COMM_WORLD_SIZE",
-        "MV2_COMM_WORLD_LOCAL_RANK",
-        "MV2_COMM_WORLD_LOCAL_SIZE",
+        *(f"MV2_COMM_WORLD_{n}" for n in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")),
+        label="mpirun (MVAPICH2)",
+        mpi=True,
     ),
-    _Launcher(
+    Launcher(
         "horovodrun",
         "horovodrun -np N --gloo python train.py",
         "HOROVOD_RANK",
-        "HOROVOD_RANK",
-        "HOROVOD_SIZE",
-        "HOROVOD_LOCAL_RANK",
-        "HOROVOD_LOCAL_SIZE",
+        *(f"HOROVOD_{n}" for n in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")),
+        tool="horovodrun",
+        multihost=True,
+    ),
+    # No launcher: one process, or ranks started by hand (read last, when no marker is present).
+    Launcher(
+        "python", "python train.py", None, None, None, None, None, label="no launcher (plain python)", tool="python"
     ),
 )
+#: Launchers that are MPI implementations (ranks share an MPI communicator).
+MPI_LAUNCHERS = tuple(launcher.name for launcher in LAUNCHERS if launcher.mpi)
+
+
+def launcher_tools(multihost: bool = False) -> tuple:
+    """The programs paraflow starts jobs with (``paraflow run --launcher``, the benchmark's
+    launchers), in the table's order; only those that span hosts with `multihost`."""
+    return tuple(x.tool for x in LAUNCHERS if x.tool and (x.multihost or not multihost))
+
+
+def launcher_label(name: str) -> str:
+    """How the banner names the launcher `name` (``mpirun (Open MPI)`` for openmpi)."""
+    return next((x.label for x in LAUNCHERS if x.name == name and x.label), name)
+
 
 # Every variable a launcher sets for the processes it starts (besides MASTER_ADDR / MASTER_PORT).
 _LAUNCHER_PREFIXES = ("OMPI_COMM_WORLD_", "PMI_", "PMIX_", "SLURM_", "HOROVOD_", "MV2_COMM_WORLD_", "MPI_LOCAL")
@@ -155,7 +175,7 @@ def launcher_variables(env: Mapping[str, str]) -> list:
 _STRAY = ("WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE", "PARAFLOW_WORLD_SIZE")
 
 
-def _int(env: Mapping[str, str], key: str, launcher: _Launcher) -> int:
+def _int(env: Mapping[str, str], key: str, launcher: Launcher) -> int:
     value = env.get(key)
     if value is None or value == "":
         raise LauncherError(
@@ -220,7 +240,7 @@ def detect_environment(env: Optional[Mapping[str, str]] = None) -> ProcessEnviro
     """
     env = os.environ if env is None else env
     for launcher in LAUNCHERS:
-        if launcher.marker not in env:
+        if launcher.marker is None or launcher.marker not in env:
             continue
         rank = _int(env, launcher.rank, launcher)
         world = _int(

@@ -2,7 +2,7 @@
 
 The main thread updates one tuple per paraflow call and per training forward (a few
 attribute stores and a look up the stack for the call site: 3-8 µs per step in all, measured
-by tests/reliability/workers/marker_cost.py); nothing is communicated. The
+by benchmarks/marker_cost.py); nothing is communicated. The
 stall watchdog (:mod:`paraflow.reliability.stall`) reads the tuple from its own thread when a wait
 has lasted too long. Phases:
 

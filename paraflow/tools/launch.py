@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from ..environment.launchers import free_port
+from ..environment.launchers import free_port, launcher_tools
 from ..errors import ConfigurationError, MissingDependencyError
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
     "mpirun_prefix",
 ]
 
-LAUNCHER_NAMES = ("python", "torchrun", "mpirun", "horovodrun", "srun")
+LAUNCHER_NAMES = launcher_tools()
 HOROVODRUN_HINT = "install horovod: `make install` or scripts/build_horovod.sh"
 SRUN_HINT = "srun comes with SLURM: run inside an allocation (`salloc -n N`) on a SLURM cluster"
 

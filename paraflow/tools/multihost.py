@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..environment.launchers import launcher_tools
 from ..errors import ConfigurationError
 from .launch import launch_command
 
 __all__ = ["HostCommand", "host_commands", "MULTIHOST_LAUNCHERS", "OOB_KEEPALIVE"]
 
-MULTIHOST_LAUNCHERS = ("torchrun", "mpirun", "horovodrun")
+MULTIHOST_LAUNCHERS = launcher_tools(multihost=True)
 #: Open MPI's daemons probe their idle connections after 10 s, every 5 s, 3 times (defaults 300 s,
 #: 20 s, 9): a daemon on a host cut off from mpirun then notices within 25 s, not 8 minutes.
 OOB_KEEPALIVE = {"oob_tcp_keepalive_time": 10, "oob_tcp_keepalive_intvl": 5, "oob_tcp_keepalive_probes": 3}

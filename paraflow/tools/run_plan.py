@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..core.placement import cores
-from ..environment.launchers import launcher_variables
+from ..environment.launchers import launcher_tools, launcher_variables
 from ..errors import ConfigurationError
 from .launch import find_tool, launch_command
 
 __all__ = ["RUN_LAUNCHERS", "RunPlan", "parse_hosts", "choose_launcher", "plan_run"]
 
-RUN_LAUNCHERS = ("auto", "torchrun", "mpirun", "horovodrun", "srun", "python")
+RUN_LAUNCHERS = ("auto", *launcher_tools())
 MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 # A new job's own identity; the allocation's other SLURM_* variables stay, srun and mpirun need them.
 _SLURM_TASK = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")

@@ -1,6 +1,6 @@
 """What the stall report's in-process record costs per training step and per paraflow call.
 
-Usage: python tests/reliability/workers/marker_cost.py [REPEATS]
+Usage: python benchmarks/marker_cost.py [REPEATS]
 One process, no communication. Times, in microseconds, the fastest of 15 rounds (on a shared
 host other processes only ever add time, so the fastest round is the least disturbed):
 - the markers one training step runs (before and after the forward, after optimizer.step);

@@ -1,6 +1,6 @@
 """Measure what paraflow adds to a horovod training step (for the README's numbers).
 
-Usage: mpirun -np N python tests/reliability/workers/step_cost.py [MODEL] [PAIRS] [ROUNDS]
+Usage: mpirun -np N python benchmarks/horovod_step_cost.py [MODEL] [PAIRS] [ROUNDS]
 Runs the benchmark's abstraction-overhead loop (paraflow.bench.rank.overhead: the same step through
 paraflow and through raw horovod.torch, interleaved, the order flipped every pair) ROUNDS times
 and prints, on rank 0, the median step of each side and the median of the per-pair ratios

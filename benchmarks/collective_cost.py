@@ -1,0 +1,110 @@
+"""Public collectives against the library's own calls, and a training step with the stall watch on and off.
+
+Usage: torchrun --nproc_per_node 2 benchmarks/collective_cost.py [BACKEND] [ROUNDS]   (default ddp-gloo 15)
+
+For 4 KB, 1 MB, 16 MB and 64 MB of float32, rank 0 prints the median over ROUNDS of
+``backend.allreduce_(x)`` against ``dist.all_reduce(x)`` (in place) and ``backend.allreduce(x)``
+against ``dist.all_reduce(x.clone())`` (out of place), the two sides interleaved call by call in
+this one process, the order flipped every round. Then the same small training step through a
+model wrapped with the stall watch's markers and one wrapped without them (the watch's thread
+runs throughout; it wakes every threshold / 4 s), interleaved the same way.
+"""
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import paraflow
+
+SIZES = {"4 KB": 1024, "1 MB": 262_144, "16 MB": 4_194_304, "64 MB": 16_777_216}  # float32 elements
+
+
+def timed(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def interleaved(backend, ours, theirs, calls: int, rounds: int) -> tuple:
+    """Medians of `ours`' and `theirs`' seconds per call and of the per-round ratio; each round
+    times `calls` of one, then of the other, the order flipped every round."""
+    mine, raw = [], []
+    for r in range(rounds):
+        for call, times in ((ours, mine), (theirs, raw))[:: 1 if r % 2 else -1]:
+            backend.barrier()
+            times.append(timed(lambda call=call: [call() for _ in range(calls)]) / calls)
+    return statistics.median(mine), statistics.median(raw), statistics.median(m / r for m, r in zip(mine, raw))
+
+
+def collectives(backend, rounds: int) -> None:
+    for label, n in SIZES.items():
+        x = torch.ones(n)
+        calls = max(1, 25_000 // n)
+        pairs = {
+            "allreduce_ / all_reduce in place": (
+                lambda x=x: backend.allreduce_(x, "sum"),
+                lambda x=x: dist.all_reduce(x),
+            ),
+            "allreduce / all_reduce of a copy": (
+                lambda x=x: backend.allreduce(x, "sum"),
+                lambda x=x: dist.all_reduce(x.clone()),
+            ),
+        }
+        for name, (ours, theirs) in pairs.items():
+            interleaved(backend, ours, theirs, calls, 2)  # warm-up
+            mine, raw, ratio = interleaved(backend, ours, theirs, calls, rounds)
+            if backend.is_main:
+                print(
+                    f"{label:>6} {name:34s} paraflow {mine * 1e6:9.1f} us  library {raw * 1e6:9.1f} us  "
+                    f"median ratio {ratio:.3f}",
+                    flush=True,
+                )
+
+
+def training_step(backend, rounds: int) -> None:
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+
+    watched = backend.wrap_model(model())
+    activity, backend._activity = backend._activity, None  # the second model gets no markers
+    plain = backend.wrap_model(model())
+    backend._activity = activity
+    optimizers = {}
+    for key, net in (("on", watched), ("off", plain)):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+        if key == "on":
+            backend.wrap_optimizer(optimizer)  # the step marker
+        optimizers[key] = optimizer
+    x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
+
+    def step(key, net):
+        def run():
+            optimizers[key].zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            optimizers[key].step()
+
+        return run
+
+    on, off = step("on", watched), step("off", plain)
+    interleaved(backend, on, off, 20, 2)
+    mine, raw, ratio = interleaved(backend, on, off, 20, rounds)
+    if backend.is_main:
+        print(
+            f"training step  stall watch on {mine * 1e3:.3f} ms  off {raw * 1e3:.3f} ms  median ratio {ratio:.3f}",
+            flush=True,
+        )
+
+
+def main(name: str, rounds: int) -> None:
+    with paraflow.init(name) as backend:
+        collectives(backend, rounds)
+        training_step(backend, rounds)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "ddp-gloo", int(sys.argv[2]) if len(sys.argv) > 2 else 15)
