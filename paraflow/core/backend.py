@@ -164,7 +164,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self._init()
         self._connected = True
         try:
-            self._stall = start_stall_watch(self)
+            self._activity, self._stall = start_stall_watch(self)
         except BaseException:
             self._connected = False
             self._shutdown()

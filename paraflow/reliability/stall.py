@@ -54,21 +54,21 @@ def stall_threshold_seconds(value: Any) -> float:
     return seconds
 
 
-def start_stall_watch(backend: Any) -> Optional[StallWatch]:
-    """Give a multi-process backend its activity record and, unless turned off, its watchdog."""
+def start_stall_watch(backend: Any) -> tuple[Optional[Activity], Optional[StallWatch]]:
+    """A multi-process backend's activity record and, unless turned off, its running watchdog."""
     if backend.world_size == 1:
-        return None
-    backend._activity = Activity()
+        return None, None
+    activity = Activity()
     if backend.stall_threshold <= 0:
-        return None
+        return activity, None
     opener = backend._stall_store()
     if opener is None:
         if backend.rank == 0:
             print("paraflow: no store the ranks share, so no stall reports in this job", file=sys.stderr, flush=True)
-        return None
-    watch = StallWatch(backend, backend._activity, opener)
+        return activity, None
+    watch = StallWatch(backend, activity, opener)
     watch.start()
-    return watch
+    return activity, watch
 
 
 def stall_facts(backend: Any) -> str:
