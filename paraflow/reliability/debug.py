@@ -1,8 +1,9 @@
-"""Debug mode, ``PARAFLOW_DEBUG=1``: torch's distributed debug output and a trace of every collective.
+"""Debug mode, ``PARAFLOW_DEBUG=1``: the cross-rank check, torch's debug output, a trace of every collective.
 
-Without it paraflow already checks, before each of its own collectives, that every rank calls
-the same one with the same shape and dtype (:mod:`paraflow.reliability.collective_check`). Debug mode adds:
+Debug mode turns on:
 
+- the cross-rank check before every public collective (``check_collectives``,
+  :mod:`paraflow.reliability.collective_check`): mismatching calls raise CollectiveError at once;
 - ``TORCH_DISTRIBUTED_DEBUG=INFO`` before the process group starts, unless the variable is
   already set: DDP then logs its set-up and names the parameters that got no gradient. (torch
   2.13's ``DETAIL`` level wraps the process group in a checker that crashes DDP's constructor

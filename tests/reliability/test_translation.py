@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from paraflow.backends.ddp.checked import unused_parameters_error
+from paraflow.backends.ddp.backend import unused_parameters_error
 from paraflow.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError, LauncherError
 from paraflow.reliability.collective_check import DESCRIPTOR_WORDS, _Descriptor, _encode, _mismatch, describe
 from paraflow.reliability.deadlines import DeadlineExceeded, call_with_deadline, spin_until

@@ -1,4 +1,4 @@
-"""DistributedDataParallel: the backend, its compression hooks, join and the checked DDP module."""
+"""DistributedDataParallel: the backend (with its checked DDP module), its compression hooks and join."""
 
 from ...core.registry import register
 
