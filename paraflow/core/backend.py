@@ -63,6 +63,15 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
 
     Options of other registered backends are accepted and ignored (rank 0 says so once), so one
     script can carry every backend's tuning; a name no backend takes is a ConfigurationError.
+
+    The contract a subclass fills (docs/architecture.md, "Where things go"):
+
+    - ``_init()``: start communication; ``_shutdown()``: stop it.
+    - ``wrap_model(model)``: move and wrap the model for gradient synchronisation.
+    - ``_allreduce(tensor, op)``, ``_broadcast(tensor, src)``, ``_allgather(tensor)``, optionally
+      ``_barrier()``: one library collective each, behind the public collectives.
+    - optionally ``wrap_optimizer``, ``no_sync``, ``join``, ``transport``, ``unavailable_reason``,
+      ``process_limit``; class attributes ``OPTIONS``, ``LAUNCHERS``, ``COMPRESSIONS``, ``MULTI_PROCESS``.
     """
 
     #: Backend-specific option names accepted besides the common ones.
