@@ -20,25 +20,23 @@ def assert_same_parameters(a, b):
 
 
 @pytest.mark.timeout(300)
-def test_ddp_gloo_two_ranks_matches_single_on_whole_batch(tmp_path):
-    reference = train(tmp_path, "single", "python", 1)
-    assert_same_parameters(train(tmp_path, "ddp-gloo", "torchrun", 2), reference)
+def test_ddp_gloo_two_ranks_matches_single_on_whole_batch(tmp_path, float64_reference):
+    assert_same_parameters(train(tmp_path, "ddp-gloo", "torchrun", 2), float64_reference)
 
 
 @pytest.mark.timeout(300)
-def test_ddp_no_sync_accumulation_matches_single(tmp_path):
-    reference = train(tmp_path, "single", "python", 1)
-    assert_same_parameters(train(tmp_path, "ddp-gloo", "torchrun", 2, accumulation=2), reference)
+def test_ddp_no_sync_accumulation_matches_single(tmp_path, float64_reference):
+    assert_same_parameters(train(tmp_path, "ddp-gloo", "torchrun", 2, accumulation=2), float64_reference)
 
 
 @pytest.mark.timeout(300)
-def test_training_actually_moves_parameters(tmp_path):
+def test_training_actually_moves_parameters(float64_reference):
     """Guards the comparison above: a run that did nothing would also 'match'."""
     from paraflow.examples.models import build_model
 
     torch.manual_seed(1234)
     initial = build_model("mlp", width=16).double().state_dict()
-    trained = train(tmp_path, "single", "python", 1)
+    trained = float64_reference
     assert any(not torch.allclose(initial[k], trained[k]) for k in initial if initial[k].is_floating_point())
 
 
