@@ -5,6 +5,7 @@ long before it. The stall threshold is set to 15 s (the default is 30 s) so the 
 sooner; the bound checked is the one users are promised: a report within 60 s of the stall.
 """
 
+import re
 import time
 
 import pytest
@@ -75,10 +76,10 @@ def test_uneven_evaluation_ends_with_a_stall_report_naming_each_ranks_collective
     text = result.stderr + result.stdout
     assert "likely cause: the ranks wait in different collectives" in text, text[-4000:]
     for line in (
-        "rank 0: in allreduce(float32[2], op=sum) as collective #3 at uneven_eval.py:",
-        "rank 1: in allgather(float32[1]) as collective #3 at uneven_eval.py:",
+        r"rank 0: in allreduce\(float32\[2\], op=sum\) as collective #\d+ at uneven_eval\.py:\d+",
+        r"rank 1: in allgather\(float32\[1\]\) as collective #\d+ at uneven_eval\.py:\d+",
     ):
-        assert line in text, f"{line!r} not in:\n{text[-4000:]}"
+        assert re.search(line, text), f"{line!r} not in:\n{text[-4000:]}"
 
 
 UNEVEN = ["--samples", "449", "--batch-size", "112"]  # shards of 225 and 224: 3 batches against 2
