@@ -42,7 +42,7 @@ def run(tmp_path_factory):
     cmd = [
         sys.executable,
         "-m",
-        "paraflow.tools.cli",
+        "paraflow.cli",
         "bench",
         "--backends",
         "ddp-gloo",
@@ -434,7 +434,7 @@ def test_the_cost_model_fits_the_sweep_predicts_the_rows_and_projects(run, tmp_p
     # --project-only rebuilds the same from a copy of the folder, running nothing
     (tmp_path / "results.json").write_text(json.dumps(results))
     done = run_launch(
-        [sys.executable, "-m", "paraflow.tools.cli", "bench", "--project-only", str(tmp_path)],
+        [sys.executable, "-m", "paraflow.cli", "bench", "--project-only", str(tmp_path)],
         timeout=120,
         env={**RANK_ENV},
         cwd=str(ROOT),

@@ -318,5 +318,5 @@ def test_build_without_compilers_says_what_to_apt_get_first(monkeypatch, tmp_pat
 
 @requires_horovod
 def test_build_command_leaves_a_working_horovod_alone():
-    result = launch_ok("python", 1, ["-m", "paraflow.tools.cli", "build-horovod"], timeout=120)
+    result = launch_ok("python", 1, ["-m", "paraflow.cli", "build-horovod"], timeout=120)
     assert "already installed" in result.stdout

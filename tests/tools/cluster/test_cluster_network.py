@@ -124,7 +124,7 @@ def test_stale_clusters_of_dead_processes_go_and_others_stay():
 def test_cli_up_exec_status_down():
     skip_without_namespaces()
     name = owned_name("t", tag="c")
-    cli = [sys.executable, "-m", "paraflow.tools.cli", "cluster"]
+    cli = [sys.executable, "-m", "paraflow.cli", "cluster"]
 
     def paraflow(action, *args):
         argv = [*cli, action, "--name", name, *args]
