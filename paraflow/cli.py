@@ -48,7 +48,8 @@ def _cluster(args: argparse.Namespace) -> int:
     return cluster_main(args)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``paraflow`` command line (the docs' CLI reference is generated from it)."""
     parser = argparse.ArgumentParser(prog="paraflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("backends", help="list registered backends and whether each can run here").set_defaults(
@@ -88,7 +89,11 @@ def main(argv=None) -> int:
 
     cluster = sub.add_parser("cluster", help="an emulated multi-host cluster on this machine (root): up, exec, down")
     add_cluster_arguments(cluster).set_defaults(func=_cluster)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     from .errors import ConfigurationError
 
     try:
