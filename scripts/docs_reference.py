@@ -73,6 +73,14 @@ def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple]:
         yield from seen.values()
 
 
+def walk(parser: argparse.ArgumentParser, path: Optional[list] = None) -> Iterator[tuple]:
+    """(command words, parser) for `parser` and every subcommand below it, aliases left out."""
+    path = path or [parser.prog]
+    yield path, parser
+    for name, _, _, sub in _subcommands(parser):
+        yield from walk(sub, path + [name])
+
+
 def _flag_rows(parser: argparse.ArgumentParser) -> Iterator[tuple]:
     """(group title, flag column, help) for every argument of `parser`, by argument group."""
     formatter = parser._get_formatter()
