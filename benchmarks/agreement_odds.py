@@ -8,7 +8,7 @@ standard normals (the same true value in both runs). Its interval is the one `pa
 reports (Student's t across launches on the log scale, intervals.across_launches) and its value
 the median over launches. It prints how often run B's median lies inside run A's interval (one
 way) and how often each run's median lies inside the other's (both ways, what `paraflow bench
---compare` calls *agree*).
+compare` calls *agree*).
 """
 
 import argparse

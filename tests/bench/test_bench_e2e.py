@@ -44,12 +44,11 @@ def run(tmp_path_factory):
         "-m",
         "paraflow.cli",
         "bench",
-        "--backends",
+        "--backend",
         "ddp-gloo",
         "--nprocs",
         "2",
-        "--models",
-        *MODELS,
+        *[arg for m in MODELS for arg in ("--model", m)],
         "--steps",
         "2",
         "--warmup",
@@ -431,10 +430,10 @@ def test_the_cost_model_fits_the_sweep_predicts_the_rows_and_projects(run, tmp_p
     assert {r["model"] for r in projected} == set(LABELS) and {r["hosts"] for r in projected} == {8, 32, 128}
     assert [r["model"] for r in tables["published"]] == ["Inception V3", "ResNet-101", "VGG-16"]
     assert "PROJECTION to many hosts" in out and "prediction error" in out
-    # --project-only rebuilds the same from a copy of the folder, running nothing
+    # `bench project` rebuilds the same from a copy of the folder, running nothing
     (tmp_path / "results.json").write_text(json.dumps(results))
     done = run_launch(
-        [sys.executable, "-m", "paraflow.cli", "bench", "--project-only", str(tmp_path)],
+        [sys.executable, "-m", "paraflow.cli", "bench", "project", str(tmp_path)],
         timeout=120,
         env={**RANK_ENV},
         cwd=str(ROOT),
