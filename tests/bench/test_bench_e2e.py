@@ -105,6 +105,7 @@ def test_every_cell_ran_and_every_column_is_filled(run):
     for row in training:
         assert set(TRAINING_COLUMNS) <= set(row) and row["status"] == "ok" and row["model"] in LABELS
         optional = {"comm_overhead"} if row["backend"] == "single" else set()
+        optional |= {"peak_cuda_mb"} if row["device"] == "cpu" else set()
         optional |= {"speedup"} if row["scaling"] == "weak" else set()
         no_prediction = row["processes"] == 1 or row.get("setting", "default") != "default"  # no sweep; tuned
         optional |= {"predicted_step_ms", "prediction_error"} if no_prediction else set()

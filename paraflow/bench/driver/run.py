@@ -23,7 +23,7 @@ from .on_cluster import bench_cluster, cluster_header
 from .runner import OMP_WAIT, run_cells, worker_entry
 from .speed_probe import probe_summary
 
-__all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
+__all__ = ["run_bench", "exit_status", "check_models", "OUTPUT_FILES"]
 
 OUTPUT_FILES = (
     "results.json",
@@ -70,6 +70,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     if OMP_WAIT in os.environ:
         wait, why_wait = os.environ[OMP_WAIT], f"{OMP_WAIT}={os.environ[OMP_WAIT]} set by you"
     config = replace(config, pin="on" if pinned else "off")
+    check_models(config)
     matrix = matrix or build_matrix(config)
     out = Path(config.out)
     raw = _prepare(out)
@@ -148,6 +149,15 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
             flush=True,
         )
     return results
+
+
+def check_models(config: BenchConfig) -> None:
+    """Build each of your factories once here, before any launch (factory.check_factory)."""
+    from ..rank.factory import check_factory
+
+    for spec in config.models:
+        if spec.kind == "factory":
+            check_factory(spec, config.input_shape, config.classes)
 
 
 def exit_status(results: dict) -> int:

@@ -109,6 +109,10 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     args += ["--max-warmup", str(config.max_warmup), "--scaling", ",".join(config.scaling)]
     for spec in cell.models:
         args += ["--model", str(spec)]
+    if config.input_shape:
+        args += ["--input-shape", ",".join(map(str, config.input_shape))]
+    if any(spec.kind == "factory" for spec in cell.models):
+        args += ["--classes", str(config.classes)]
     for key, value in cell.options:
         args += ["--option", f"{key}={value}"]
     args += trace_args(cell, out_dir)
@@ -131,7 +135,8 @@ def cell_env(cell: Cell, timeout: float, omp_wait: str = "passive") -> dict:
     """Variables for the cell's processes: threads per rank, unbuffered output, no inherited ranks."""
     threads = str(cell.threads)
     package_root = str(Path(__file__).resolve().parents[3])
-    path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    # the current directory too: your --model factories import from there, as they did in the driver
+    path = os.pathsep.join(dict.fromkeys(filter(None, [package_root, os.getcwd(), os.environ.get("PYTHONPATH")])))
     inherited = launcher_variables(os.environ) + ["PARAFLOW_BACKEND"]  # a parent job's, not the cell's
     env = {key: None for key in inherited if key in os.environ}
     env.update(
