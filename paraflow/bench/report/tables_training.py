@@ -157,7 +157,7 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
         peak_mem_mb=_peak_mb([t for _, ts in found for t in ts], "peak_rss_bytes"),
         peak_cuda_mb=_peak_mb([t for _, ts in found for t in ts], "peak_cuda_bytes"),
         model_state_mb=_model_state_mb([t for _, ts in found for t in ts]),
-        final_loss=rounded(statistics.fmean(_loss(t) for t in found[0][1]), 4),  # same seed and data each launch
+        final_loss=_final_loss(found[0][1]),
     )
     row["_replicas"] = t0.get("replicas", first["nproc"])
     return row, {"step": step, "x": x, "comm": comm}
@@ -178,6 +178,14 @@ def _model_state_mb(tasks: list) -> Optional[float]:
     """Bytes of parameters, gradients and optimizer state one rank holds, max over ranks (MB)."""
     held = [sum(t["model_state_bytes"].values()) for t in tasks if "model_state_bytes" in t]  # not in older results
     return rounded(max(held) / 1e6, 3) if held and len(held) == len(tasks) else None
+
+
+def _final_loss(tasks: list) -> Optional[float]:
+    """The loss after --warmup steps, mean over ranks (same seed and data each launch); None for a
+    --script, whose losses the benchmark does not see."""
+    if any(not t.get("warmup_losses") and not t.get("losses") for t in tasks):
+        return None
+    return rounded(statistics.fmean(_loss(t) for t in tasks), 4)
 
 
 def _loss(task: dict) -> float:
