@@ -88,7 +88,7 @@ def _case(name: str):
         return pytest.param(
             name,
             marks=pytest.mark.xfail(
-                strict=True, reason="paraflow bench still spells --steps, --timeout, --cluster and its list of -n its own way"
+                strict=True, reason="bench still spells --steps, --timeout, --cluster, -n its own way"
             ),
         )
     return name
