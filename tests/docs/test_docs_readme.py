@@ -90,3 +90,15 @@ def test_the_readme_names_the_commands_ci_runs_and_links_only_to_files_that_exis
 def test_no_run_log_in_the_readme_or_the_docs(path):
     text = path.read_text().lower()
     assert [phrase for phrase in RUN_LOG_PHRASES if phrase.lower() in text] == []
+
+
+def test_the_package_metadata_names_fsdp_ships_the_license_and_a_short_description():
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    meta = config["metadata"]
+    assert "FSDP" in meta["description"] and meta["license"] == "Apache-2.0"
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
+    long_description = ROOT / meta["long_description"].removeprefix("file:").strip()
+    assert long_description != README and len(long_description.read_text().splitlines()) <= 40
