@@ -222,7 +222,8 @@ class FSDPBackend(TorchDistributedBackend):
         """Write a sharded checkpoint (a directory, each rank its own shards), committed atomically.
 
         With ``async_save=True`` it returns once the shards are staged in memory. Any number of
-        fsdp ranks can load it; :meth:`export` writes the full file other backends load.
+        fsdp ranks can load it, resharded; ddp, horovod and single load it too, read whole. For
+        one full file instead, :meth:`export`.
         """
         reshard(state.values())
         self._checkpointer.save(path, state, self.async_save)
