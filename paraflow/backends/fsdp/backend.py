@@ -225,16 +225,18 @@ class FSDPBackend(TorchDistributedBackend):
         fsdp ranks can load it, resharded; ddp, horovod and single load it too, read whole. For
         one full file instead, :meth:`export`.
         """
-        reshard(state.values())
-        self._checkpointer.save(path, state, self.async_save)
+        with self._marked("save"):  # a wait on a missing rank shows in the stall report
+            reshard(state.values())
+            self._checkpointer.save(path, state, self.async_save)
 
     def load(self, path: str, state: Optional[MutableMapping[str, Any]] = None) -> dict:
         """Restore `state` from a sharded checkpoint directory or a full file of any backend."""
-        reshard((state or {}).values())
-        if os.path.isdir(path):
-            return self._checkpointer.load(path, state)
-        self._checkpointer.wait()
-        return super().load(path, state)
+        with self._marked("load"):
+            reshard((state or {}).values())
+            if os.path.isdir(path):
+                return self._checkpointer.load(path, state)
+            self._checkpointer.wait()
+            return super().load(path, state)
 
     def export(self, path: str, state: Mapping[str, Any]) -> None:
         """Gather the shards into one full checkpoint file, as ddp, horovod and single write it."""

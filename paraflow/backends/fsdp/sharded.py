@@ -26,6 +26,7 @@ from typing import Any, Optional
 import torch
 
 from ...errors import CheckpointError, ConfigurationError
+from ...reliability.stall import stall_facts
 from ...training.checkpoint import (
     _agree,
     atomic_write,
@@ -117,7 +118,9 @@ class ShardedCheckpointer:
         try:
             dcp.save(sharded, checkpoint_id=directory)
         except _failures() as exc:  # DCP gathers every rank's failure, so all ranks raise together
-            raise CheckpointError(f"could not write sharded checkpoint {directory}: {_cause(exc)}{_PREVIOUS}") from exc
+            raise CheckpointError(
+                f"could not write sharded checkpoint {directory}: {_cause(exc)}{_PREVIOUS}.{stall_facts(b)}"
+            ) from exc
         error: Optional[BaseException] = None
         if b.is_main:
             try:
