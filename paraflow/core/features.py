@@ -197,7 +197,8 @@ class TrainingFeatures:
         """
         from ..training.checkpoint import save_checkpoint
 
-        save_checkpoint(self, path, state)
+        with self._marked("export"):
+            save_checkpoint(self, path, state)
 
     def _state_to_save(self, state: Mapping[str, Any]) -> dict:
         """`state` as a full checkpoint stores it; called on every rank, rank 0's result is written.
