@@ -1,9 +1,8 @@
 """train.py under a real Slurm (slurmctld, one slurmd per emulated host): srun, sbatch, paraflow run, a killed task.
 
-Each job trains on digits for a few steps and exports its parameters; with every global batch the
-same (2 ranks x 16 = one process x 32, one permutation of the data dealt out), ddp-gloo and
-horovod end where `single` does, up to float32 rounding. Slurm's daemons and the cluster are
-started once for the module (slurmkit) and checked gone afterwards.
+Each job trains on digits for a few steps and exports its parameters, which must be `single`'s
+(tests/trainkit.py). Slurm's daemons and the cluster are started once for the module (slurmkit)
+and checked gone afterwards.
 """
 
 from __future__ import annotations
@@ -17,46 +16,19 @@ import sys
 import time
 
 import pytest
-import torch
 from clusterkit import CLUSTER_WORKERS
-from conftest import ROOT, launch_ok, requires_horovod
+from conftest import requires_horovod
 from slurmkit import command_line, slurm_fixture  # noqa: F401
+from trainkit import assert_same_parameters, exported_parameters, single_reference, train_args
 
 pytestmark = pytest.mark.cluster
-TRAIN = ROOT / "train.py"
-STEPS, PER_RANK = 6, 16
 #: How soon after a task is killed every process of the job must be gone.
 EXIT_BOUND_S = 60
 
 
-def train_args(backend: str, out, batch_size: int = PER_RANK) -> list:
-    """train.py for a few steps on digits, `batch_size` per rank; the parameters are exported to `out`."""
-    steps = ["--steps", STEPS, "--batch-size", batch_size, "--export", out]
-    return [TRAIN, "--backend", backend, "--data", "digits", *steps]
-
-
-def parameters(path) -> dict:
-    return torch.load(path, weights_only=False)["state"]["model"]
-
-
-def assert_same_parameters(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:  # float32: the average of two half-batch gradients is rounded differently
-        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
-
-
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    """`single`'s parameters after the same steps on the whole global batch."""
-    out = tmp_path_factory.mktemp("single") / "single.pt"
-    launch_ok("python", 1, train_args("single", out, 2 * PER_RANK), timeout=180)
-    trained = parameters(out)
-    from paraflow.examples.models import build_model
-
-    torch.manual_seed(0)
-    initial = build_model("mlp").state_dict()
-    assert any(not torch.equal(initial[k], trained[k]) for k in initial), "training moved no parameter"
-    return trained
+    return single_reference(tmp_path_factory.mktemp("single"))
 
 
 def srun(*layout: str) -> list:
@@ -76,7 +48,7 @@ def test_srun_matches_single(slurm, single, tmp_path, backend, layout):
     out = tmp_path / "params.pt"
     done = slurm.run([*srun(*layout), *train_args(backend, out)], timeout=240)
     assert "held-out accuracy" in done.stdout, done.stdout[-2000:]
-    assert_same_parameters(parameters(out), single)
+    assert_same_parameters(exported_parameters(out), single)
     assert slurm.jobs() == ""
 
 
@@ -94,7 +66,7 @@ def test_sbatch_script_calling_srun_writes_its_output(slurm, single, tmp_path):
     text = log.read_text()
     assert f"job {job_id} on node[0-1]" in text, text[-2000:]
     assert "held-out accuracy" in text, text[-2000:]
-    assert_same_parameters(parameters(out), single)
+    assert_same_parameters(exported_parameters(out), single)
 
 
 @pytest.mark.timeout(300)
@@ -109,7 +81,7 @@ def test_paraflow_run_builds_the_srun_command(slurm, single, tmp_path):
     assert shlex.join([*expected, sys.executable, *script, "--backend", "ddp-gloo"]) in dry.stdout, dry.stdout
     done = slurm.run([*run, "--backend", "ddp-gloo", *script], timeout=240)
     assert "held-out accuracy" in done.stdout, done.stdout[-2000:]
-    assert_same_parameters(parameters(out), single)
+    assert_same_parameters(exported_parameters(out), single)
 
 
 def _task_pids(slurm, host: str, needle: str) -> list:
