@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,9 +108,10 @@ def _mpi(horovod: dict[str, Any]) -> dict[str, Any]:
         "mismatch": None,
     }
     if info["mpirun"]:
-        out = _run([info["mpirun"], "--version"])
-        info["mpirun_version"] = out.strip().splitlines()[0].strip() if out and out.strip() else None
+        out = (_run([info["mpirun"], "--version"]) or "").strip()
         info["mpirun_family"] = launcher_family(info["mpirun"])
+        hydra = re.search(r"Version:\s*(\S+)", out) if out.startswith("HYDRA") else None
+        info["mpirun_version"] = f"Hydra {hydra.group(1)} (MPICH)" if hydra else (out.splitlines() or [None])[0]
     if importlib.util.find_spec("mpi4py") is None:
         info["mpi4py_error"] = "mpi4py is not installed (`pip install mpi4py`)"
     else:

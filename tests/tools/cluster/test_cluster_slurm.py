@@ -21,7 +21,8 @@ from conftest import requires_horovod
 from slurmkit import command_line, slurm_fixture  # noqa: F401
 from trainkit import assert_same_parameters, exported_parameters, single_reference, train_args
 
-pytestmark = pytest.mark.cluster
+# Generous: the module's first test also installs Slurm when missing and starts its daemons.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 #: How soon after a task is killed every process of the job must be gone.
 EXIT_BOUND_S = 60
 
@@ -42,7 +43,6 @@ LAYOUTS = [
 ]
 
 
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend, layout", LAYOUTS)
 def test_srun_matches_single(slurm, single, tmp_path, backend, layout):
     out = tmp_path / "params.pt"
@@ -52,7 +52,6 @@ def test_srun_matches_single(slurm, single, tmp_path, backend, layout):
     assert slurm.jobs() == ""
 
 
-@pytest.mark.timeout(300)
 def test_sbatch_script_calling_srun_writes_its_output(slurm, single, tmp_path):
     out, log = tmp_path / "params.pt", tmp_path / "job.out"
     command = shlex.join(map(str, [*srun(), *train_args("ddp-gloo", out)]))
@@ -69,7 +68,6 @@ def test_sbatch_script_calling_srun_writes_its_output(slurm, single, tmp_path):
     assert_same_parameters(exported_parameters(out), single)
 
 
-@pytest.mark.timeout(300)
 def test_paraflow_run_builds_the_srun_command(slurm, single, tmp_path):
     out = tmp_path / "params.pt"
     run = [sys.executable, "-m", "paraflow.cli", "run", "--launcher", "srun", "--hosts", "node0:1,node1:1"]
@@ -90,7 +88,6 @@ def _task_pids(slurm, host: str, needle: str) -> list:
     return [pid for pid in slurm.cluster.processes().get(namespace, []) if needle in command_line(pid)]
 
 
-@pytest.mark.timeout(300)
 def test_a_killed_task_ends_the_job_and_names_its_rank(slurm, tmp_path):
     worker = CLUSTER_WORKERS / "train_until_cut.py"
     job = slurm.start_on_login(
