@@ -8,8 +8,10 @@
 #           is installed with apt-get when missing and this runs as root)
 #   pypi    the `mpich` wheel from PyPI, installed into the virtual environment: no root needed;
 #           its mpicc, mpirun and mpiexec land in VENV/bin
-#   auto    (default) pypi when VENV has it already; else system when an mpicc is on PATH or this
-#           runs as root (apt-get can install Open MPI); else pypi
+#   auto    (default) pypi when VENV has it already; else system as root (apt-get can install
+#           Open MPI) or when the mpicc on PATH is a module's (outside /usr/bin, /bin and
+#           /usr/local/bin); else pypi: without root, a distribution's MPI is one the user can
+#           neither repair nor change, so it is taken only when asked for (PARAFLOW_MPI=system)
 # As root, missing Debian packages (a C++ compiler, Python headers, venv, CMake, the emulated
 # cluster's iproute2 and procps) are installed with apt-get. Without root nothing is installed
 # system-wide and sudo is never called: CMake comes from PyPI when missing, and anything else
@@ -34,11 +36,18 @@ has_python_headers() {
     python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
 }
 
+# True when the mpicc on PATH is a module's or a site's, not the distribution's.
+module_mpicc() {
+    local mpicc
+    mpicc="$(command -v mpicc)" || return 1
+    case "$(dirname "$mpicc")" in /usr/bin | /bin | /usr/local/bin) return 1 ;; esac
+}
+
 mpi="${PARAFLOW_MPI:-auto}"
 case "$mpi" in
     auto)
         if [ -x "$VENV/bin/mpicc" ]; then mpi=pypi
-        elif command -v mpicc >/dev/null || $ROOT_USER; then mpi=system
+        elif $ROOT_USER || module_mpicc; then mpi=system
         else mpi=pypi
         fi ;;
     system | pypi) ;;
