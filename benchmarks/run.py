@@ -1,8 +1,8 @@
 """Benchmark every data-parallel backend available here; the same as `paraflow bench`.
 
     python benchmarks/run.py                                  # defaults: < 5 min on 2 cores
-    python benchmarks/run.py --nprocs 1,2,4 --models mlp:width=2048 cnn:width=64
-    python benchmarks/run.py --data digits --backends ddp-gloo,horovod --out my-results
+    python benchmarks/run.py --nprocs 1,2,4 --model mlp:width=2048,cnn:width=64
+    python benchmarks/run.py --data digits --backend ddp-gloo,horovod --out my-results
 
 Results (terminal tables; results.md, *.csv, results.json with raw per-rank numbers, PNG plots)
 go to bench-results/ unless --out says otherwise. `--help` lists every option.

@@ -65,9 +65,21 @@ def get_backend(name: str, **options: Any) -> Backend:
     return create(name, **options)
 
 
+#: `module:function` called with every backend paraflow.init starts (`paraflow bench --script`
+#: installs its step counter this way, in the unmodified script).
+INIT_HOOK = "PARAFLOW_INIT_HOOK"
+
+
 def init(backend: Optional[str] = None, **options: Any) -> Backend:
     """Create and initialise a backend; `backend=None` picks one (see default_backend_name)."""
-    return get_backend(backend or default_backend_name(), **options).init()
+    started = get_backend(backend or default_backend_name(), **options).init()
+    hook = os.environ.get(INIT_HOOK)
+    if hook:
+        import importlib
+
+        module, _, function = hook.partition(":")
+        getattr(importlib.import_module(module), function)(started)
+    return started
 
 
 def launch(fn: Any, *args: Any, nprocs: int, backend: str = "ddp", **options: Any) -> list:

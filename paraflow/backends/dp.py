@@ -33,7 +33,7 @@ class DataParallelBackend(LocalCollectives, Backend):
         """Without GPUs DataParallel is a pass-through of single."""
         if cuda_devices:
             return None
-        return "no GPU: DataParallel would be a pass-through of single (ask for it with --backends dp)"
+        return "no GPU: DataParallel would be a pass-through of single (ask for it with --backend dp)"
 
     @property
     def replicas(self) -> int:

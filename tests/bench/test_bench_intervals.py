@@ -342,7 +342,7 @@ def test_two_runs_differ_only_when_welchs_test_says_so_after_holm():
 def test_compare_of_a_missing_folder_is_a_clear_error_not_a_traceback(tmp_path, capsys):
     from paraflow.cli import main
 
-    assert main(["bench", "--compare", str(tmp_path / "nope"), str(tmp_path)]) == 2
+    assert main(["bench", "compare", str(tmp_path / "nope"), str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "cannot read benchmark results" in err and "paraflow bench --out DIR" in err and "Traceback" not in err
 

@@ -27,8 +27,8 @@ def read_chrome_trace(path) -> list:
 @pytest.mark.timeout(300)
 def test_horovod_trace_has_every_rank_in_its_timeline_and_profiles(tmp_path):
     out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "paraflow.cli", "bench", "--backends", "horovod", "--launchers", "mpirun"]
-    cmd += ["--nprocs", "2", "--models", "mlp:width=16", "--steps", "2", "--warmup", "1", "--max-warmup", "0.05"]
+    cmd = [sys.executable, "-m", "paraflow.cli", "bench", "--backend", "horovod", "--launcher", "mpirun"]
+    cmd += ["--nprocs", "2", "--model", "mlp:width=16", "--steps", "2", "--warmup", "1", "--max-warmup", "0.05"]
     cmd += ["--min-window", "0", "--repeat", "1", "--max-repeat", "1", "--no-aa-check", "--no-allreduce"]
     cmd += ["--no-overhead", "--no-plots"]
     cmd += ["--trace", "--tune", "--tune-values", "fusion_threshold_mb=0", "--tune-values", "cycle_time_ms=5"]

@@ -1,80 +1,210 @@
-"""Arguments of `paraflow bench` (also `python benchmarks/run.py`)."""
+"""Arguments of `paraflow bench` (also `python benchmarks/run.py`).
+
+    paraflow bench [OPTIONS]                       run the benchmark (the default mode)
+    paraflow bench --script train.py [-- ARGS]     time your own paraflow script instead of the built-in loop
+    paraflow bench compare RUN_A RUN_B             two results folders side by side, running nothing
+    paraflow bench project RUN                     the cost model of a results folder, projected to many hosts
+
+List options (--backend, --launcher, --nprocs, --model) take a comma list or repeat.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-__all__ = ["add_arguments", "config_from_args", "main"]
+__all__ = ["add_arguments", "config_from_args", "run_from_args", "main", "split_models", "DEPRECATED"]
+
+#: Old spelling -> new spelling; the old ones still work for one release, with a note on stderr.
+DEPRECATED = {
+    "--backends": "--backend",
+    "--launchers": "--launcher",
+    "--models": "--model",
+    "--compare": "compare RUN_A RUN_B",
+    "--project-only": "project RUN",
+}
 
 
 def _list(text: str) -> list:
     return [t for t in text.replace(",", " ").split() if t]
 
 
+def split_models(text: str) -> list:
+    """Model specs from one --model value: `mlp,cnn` is two specs, but `transformer:width=128,depth=4`
+    and `mypkg.models:build:hidden=40,depth=2` are one each (a `key=value` piece without a colon
+    continues the spec before it)."""
+    specs: list = []
+    for piece in filter(None, (p.strip() for p in text.split(","))):
+        if specs and "=" in piece and ":" not in piece:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
+def _models(text: str) -> list:
+    return split_models(text)
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling: notes the new one on stderr, then does what the new one does."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = DEPRECATED[option_string]
+        print(
+            f"paraflow bench: {option_string} is deprecated and goes in the next release; use {new}",
+            file=sys.stderr,
+        )
+        if option_string == "--compare":
+            namespace.mode, namespace.runs = "compare", list(values)
+        elif option_string == "--project-only":
+            namespace.mode, namespace.run = "project", values
+        else:
+            items = []
+            for value in values if isinstance(values, list) else [values]:
+                items += split_models(value) if self.dest == "model" else _list(value)
+            setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + items)
+
+
+def _split_script_args(parse_known_args):
+    """Wrap a parser's parse_known_args so that everything after `--` becomes `script_args`
+    (the arguments of the --script), untouched by the parser."""
+
+    def parse(args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        rest: list = []
+        if "--" in args:
+            cut = args.index("--")
+            args, rest = args[:cut], args[cut + 1 :]
+        namespace, extra = parse_known_args(args, namespace)
+        namespace.script_args = rest
+        return namespace, extra
+
+    return parse
+
+
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the benchmark's options to `p`."""
+    """Add the benchmark's options and its compare/project modes to `p`."""
     from .config import DEFAULT_MARGIN, DEFAULT_MODELS
 
-    p.add_argument(
-        "--backends",
-        type=_list,
+    p.description = p.description or __doc__.splitlines()[0]
+    p.epilog = (
+        "modes: `paraflow bench compare RUN_A RUN_B`, `paraflow bench project RUN` (each has --help). "
+        "List options take a comma list or repeat: --backend ddp-gloo,horovod = --backend ddp-gloo --backend horovod."
+    )
+    p.parse_known_args = _split_script_args(p.parse_known_args)
+    p.set_defaults(mode="run", script_args=[])
+
+    what = p.add_argument_group("what to measure")
+    _list_flag(
+        what,
+        "--backend",
+        "NAME[,NAME]",
+        "backends to run (default: every one that can run here; single, the baseline, always runs)",
+    )
+    _list_flag(
+        what,
+        "--launcher",
+        "NAME[,NAME]",
+        "only these launchers: python, torchrun, mpirun, horovodrun (default: each backend's own)",
+    )
+    _list_flag(what, "-n", "N[,N]", "process counts for multi-process backends (default: 1,2)", "--nprocs")
+    what.add_argument(
+        "--model",
+        type=_models,
+        action="extend",
         default=None,
-        metavar="NAMES",
-        help="comma-separated backends (default: every one that can run here; single always runs)",
-    )
-    p.add_argument(
-        "--nprocs",
-        type=_list,
-        default=["1", "2"],
-        metavar="COUNTS",
-        help="process counts for multi-process backends (default: 1,2)",
-    )
-    p.add_argument(
-        "--models",
-        nargs="+",
-        default=list(DEFAULT_MODELS),
         metavar="SPEC",
-        help="models as name[:key=value,...] (default: %(default)s)",
+        help="a built-in model NAME[:key=value,...] (mlp, cnn, transformer) or your factory "
+        "MODULE:FUNCTION[:key=value,...], importable from here or PYTHONPATH, returning an nn.Module "
+        "(with --input-shape) or (model, (inputs, targets)) "
+        f"(default: {','.join(DEFAULT_MODELS)})",
     )
-    p.add_argument("--data", choices=("synthetic", "digits"), default="synthetic")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per process per step (default: 32)")
-    p.add_argument(
+    what.add_argument(
+        "--input-shape",
+        type=_shape,
+        default=None,
+        metavar="C,H,W",
+        help="one sample's shape, for a factory that returns a bare nn.Module: the benchmark makes a synthetic "
+        "classification batch of --batch-size such samples",
+    )
+    what.add_argument(
+        "--classes",
+        type=int,
+        default=10,
+        metavar="N",
+        help="classes of that synthetic batch's integer targets (default: 10)",
+    )
+    what.add_argument(
+        "--script",
+        default=None,
+        metavar="PATH",
+        help="time your own paraflow training script (one that calls paraflow.init() with no name) under each "
+        "backend and launcher instead of the built-in loop; its arguments go after `--`",
+    )
+    what.add_argument(
+        "--data",
+        choices=("synthetic", "digits"),
+        default="synthetic",
+        help="data of the built-in models (default: synthetic)",
+    )
+    what.add_argument("--batch-size", type=int, default=32, help="samples per process per step (default: 32)")
+    what.add_argument(
+        "--scaling", type=_list, default=["weak"], metavar="MODES", help="weak, strong or weak,strong (default: weak)"
+    )
+    what.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per process, the same at every process count (default: cores / largest process count)",
+    )
+
+    timing = p.add_argument_group("timing and repeats")
+    timing.add_argument(
         "--warmup", type=int, default=5, help="untimed steps first, at least; more until step times settle (default: 5)"
     )
-    p.add_argument("--max-warmup", type=float, default=1.5, help="seconds of warm-up steps, at most (default: 1.5)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per window, at least (default: 20)")
-    p.add_argument("--min-window", type=float, default=0.3, help="seconds per timed window, at least (default: 0.3)")
-    p.add_argument("--repeat", type=int, default=3, help="independent launches of every training cell (default: 3)")
-    p.add_argument(
+    timing.add_argument(
+        "--max-warmup", type=float, default=1.5, help="seconds of warm-up steps, at most (default: 1.5)"
+    )
+    timing.add_argument("--steps", type=int, default=20, help="timed steps per window, at least (default: 20)")
+    timing.add_argument(
+        "--min-window", type=float, default=0.3, help="seconds per timed window, at least (default: 0.3)"
+    )
+    timing.add_argument(
+        "--repeat", type=int, default=3, help="independent launches of every training cell (default: 3)"
+    )
+    timing.add_argument(
         "--max-repeat",
         type=int,
         default=5,
         help="launches in all for a cell whose interval is still wider than --noisy after --repeat, while "
         "the time budget lasts (default: %(default)s; --max-repeat equal to --repeat: no extra launch)",
     )
-    p.add_argument(
+    timing.add_argument(
         "--time-budget",
         type=float,
         default=270.0,
         help="seconds of the run after which no extra launch starts; the abstraction overhead's pairs shrink "
         "(to 60 at least) when the planned launches would run past it (default: %(default)s)",
     )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch threads per process, the same at every process count (default: cores / largest process count)",
+    timing.add_argument("--timeout", type=float, default=150.0, help="seconds per launch (default: 150)")
+    timing.add_argument("--seed", type=int, default=0, help="model initialisation and data seed (default: 0)")
+
+    stats = p.add_argument_group("statistics")
+    stats.add_argument(
+        "--noisy", type=float, default=0.10, help="noisy mark: 95%% interval wider than this (default: 0.1)"
     )
-    p.add_argument("--noisy", type=float, default=0.10, help="noisy mark: 95%% interval wider than this (default: 0.1)")
-    p.add_argument(
+    stats.add_argument(
         "--margin",
         type=float,
         default=DEFAULT_MARGIN,
         help="the smallest throughput difference the verdict calls, as a fraction (the A/A noise floor when "
         "larger; default: %(default)s)",
     )
-    p.add_argument("--no-aa-check", dest="aa_check", action="store_false", help="skip the A/A noise-floor launches")
-    p.add_argument(
+    stats.add_argument("--no-aa-check", dest="aa_check", action="store_false", help="skip the A/A noise-floor launches")
+
+    machine = p.add_argument_group("machine")
+    machine.add_argument(
         "--pin",
         choices=("auto", "on", "off"),
         default="auto",
@@ -82,20 +212,32 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "auto = on unless other threads hold every core at the start (the run queue of /proc/loadavg), where "
         "pinned ranks cannot move off busy cores (default: auto)",
     )
-    p.add_argument(
+    machine.add_argument(
         "--omp-wait",
         choices=("active", "passive"),
         default="passive",
         help="OpenMP threads at barriers: passive (sleep) or active (spin) (default: passive; OMP_WAIT_POLICY in "
         "the environment wins)",
     )
-    p.add_argument(
-        "--scaling", type=_list, default=["weak"], metavar="MODES", help="weak, strong or weak,strong (default: weak)"
+    machine.add_argument(
+        "--cluster",
+        type=int,
+        default=0,
+        metavar="HOSTS",
+        help="run on an emulated cluster of HOSTS network namespaces, one rank per host (root)",
     )
-    p.add_argument("--min-bytes", default="4K", help="smallest sweep message (default: 4K)")
-    p.add_argument("--max-bytes", default="64M", help="largest sweep message (default: 64M)")
-    p.add_argument("--step-factor", type=int, default=4, help="size multiplier between messages (default: 4)")
-    p.add_argument(
+    machine.add_argument(
+        "--bandwidth", default=None, help="rate of each emulated host link, e.g. 1gbit (with --cluster)"
+    )
+
+    sweep = p.add_argument_group("collectives sweep")
+    sweep.add_argument(
+        "--no-allreduce",
+        dest="allreduce",
+        action="store_false",
+        help="skip the collective sweep and memory-copy bandwidth",
+    )
+    sweep.add_argument(
         "--collectives",
         type=_list,
         default=["allreduce"],
@@ -103,114 +245,144 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="collectives the sweep measures: allreduce, allgather, reduce_scatter, broadcast, or all "
         "(default: allreduce)",
     )
-    p.add_argument(
+    sweep.add_argument(
         "--dtypes",
         type=_list,
         default=["float32"],
         metavar="NAMES",
         help="float32, float16, bfloat16 (default: float32)",
     )
-    p.add_argument("--units", choices=("GB/s", "Gbit/s"), default="GB/s", help="bandwidth unit (default: GB/s)")
-    p.add_argument(
+    sweep.add_argument("--min-bytes", default="4K", help="smallest sweep message (default: 4K)")
+    sweep.add_argument("--max-bytes", default="64M", help="largest sweep message (default: 64M)")
+    sweep.add_argument("--step-factor", type=int, default=4, help="size multiplier between messages (default: 4)")
+    sweep.add_argument(
         "--sweep-rounds",
         type=int,
         default=12,
         help="alternating raw / paraflow pairs per sweep size, at least: more resolve paraflow/raw finer (default: 12)",
     )
-    p.add_argument(
+    sweep.add_argument("--units", choices=("GB/s", "Gbit/s"), default="GB/s", help="bandwidth unit (default: GB/s)")
+
+    overhead = p.add_argument_group("abstraction overhead (paraflow against the raw library)")
+    overhead.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the abstraction overhead")
+    overhead.add_argument(
         "--overhead-steps",
         type=int,
         default=150,
         help="paraflow/raw/control step pairs for the abstraction overhead (default: 150)",
     )
-    p.add_argument(
+    overhead.add_argument(
         "--overhead-seconds",
         type=float,
         default=8.0,
         help="fewer overhead pairs when they would take longer than this, or than --time-budget leaves them, "
         "at least 60 (default: 8)",
     )
-    p.add_argument("--overhead-model", default=None, help="model for the abstraction overhead (default: first)")
-    p.add_argument(
-        "--launchers",
-        type=_list,
+    overhead.add_argument(
+        "--overhead-model",
         default=None,
-        metavar="NAMES",
-        help="only these launchers (python, torchrun, mpirun, horovodrun)",
+        metavar="SPEC",
+        help="built-in model for the abstraction overhead (default: the first built-in --model)",
     )
-    p.add_argument("--timeout", type=float, default=150.0, help="seconds per launch (default: 150)")
-    p.add_argument("--out", default="bench-results", help="results folder (default: bench-results)")
-    p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
-    p.add_argument(
-        "--no-allreduce",
-        dest="allreduce",
-        action="store_false",
-        help="skip the collective sweep and memory-copy bandwidth",
-    )
-    p.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the abstraction overhead")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--trace",
-        action="store_true",
-        help="one more launch per multi-process backend and launcher, writing a torch.profiler Chrome trace "
-        "per rank (and horovod's timeline) under OUT/traces/",
-    )
-    p.add_argument(
+
+    tuning = p.add_argument_group("tuning and traces")
+    tuning.add_argument(
         "--tune",
         action="store_true",
         help="also launch DDP's bucket_cap_mb x gradient_as_bucket_view and horovod's fusion_threshold_mb x "
         "cycle_time_ms settings at the largest process count; the tables gain a tuned row per backend",
     )
-    p.add_argument(
+    tuning.add_argument(
         "--tune-values",
         action="append",
         default=[],
         metavar="KNOB=V1,V2",
         help="values to try for one knob instead of the built-in ones (repeatable), e.g. bucket_cap_mb=1,25",
     )
-    p.add_argument(
+    tuning.add_argument(
         "--tune-seconds",
         type=float,
         default=300.0,
         help="stop launching tuning settings once they have taken this long (default: 300)",
     )
-    p.add_argument(
-        "--cluster",
-        type=int,
-        default=0,
-        metavar="HOSTS",
-        help="run on an emulated cluster of HOSTS network namespaces, one rank per host (root)",
+    tuning.add_argument(
+        "--trace",
+        action="store_true",
+        help="one more launch per multi-process backend and launcher, writing a torch.profiler Chrome trace "
+        "per rank (and horovod's timeline) under OUT/traces/",
     )
-    p.add_argument("--bandwidth", default=None, help="rate of each emulated host link, e.g. 1gbit (with --cluster)")
-    p.add_argument(
-        "--compare",
-        nargs=2,
-        metavar=("RUN_A", "RUN_B"),
-        help="run nothing: print two results folders' medians side by side with their intervals "
-        "and whether their verdicts match",
+
+    output = p.add_argument_group("output")
+    output.add_argument("--out", default="bench-results", help="results folder (default: bench-results)")
+    output.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
+
+    old = p.add_argument_group("deprecated spellings (one more release; each prints its new spelling)")
+    old.add_argument("--backends", dest="backend", action=_Deprecated, metavar="NAMES", help="use --backend")
+    old.add_argument("--launchers", dest="launcher", action=_Deprecated, metavar="NAMES", help="use --launcher")
+    old.add_argument("--models", dest="model", nargs="+", action=_Deprecated, metavar="SPEC", help="use --model")
+    old.add_argument(
+        "--compare", nargs=2, action=_Deprecated, metavar=("RUN_A", "RUN_B"), help="use `paraflow bench compare`"
     )
-    p.add_argument(
-        "--project-only",
-        metavar="RUN",
-        help="run nothing: fit the cost model to a results folder and project it to many hosts",
+    old.add_argument("--project-only", action=_Deprecated, metavar="RUN", help="use `paraflow bench project`")
+
+    modes = p.add_subparsers(
+        dest="mode",
+        metavar="{compare,project}",
+        title="modes (default: run the benchmark)",
+        parser_class=argparse.ArgumentParser,
     )
+    compare = modes.add_parser(
+        "compare",
+        help="run nothing: two results folders' medians side by side with their intervals, and whether their "
+        "verdicts match (exit status 1 when they disagree)",
+    )
+    compare.add_argument("runs", nargs=2, metavar="RUN", help="a results folder (or its results.json)")
+    project = modes.add_parser(
+        "project", help="run nothing: fit the cost model to a results folder and project it to many hosts"
+    )
+    project.add_argument("run", metavar="RUN", help="a results folder (or its results.json)")
+    project.add_argument("--no-plots", dest="plots", action="store_false", help="skip projection.png")
     return p
+
+
+def _list_flag(group, flag: str, metavar: str, help: str, *more: str) -> None:
+    """A list option: a comma list, or repeated (the values add up)."""
+    group.add_argument(flag, *more, type=_list, action="extend", default=None, metavar=metavar, help=help)
+
+
+def _shape(text: str) -> tuple:
+    try:
+        shape = tuple(int(t) for t in _list(text))
+    except ValueError:
+        shape = ()
+    if not shape or any(s < 1 for s in shape):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a sample shape like 3,224,224 (positive integers)")
+    return shape
 
 
 def config_from_args(args: argparse.Namespace):
     """A BenchConfig from parsed arguments."""
     from ...errors import ConfigurationError
-    from .config import COLLECTIVES, BenchConfig, message_sizes, parse_size
+    from .config import COLLECTIVES, DEFAULT_MODELS, BenchConfig, message_sizes, parse_size
     from .tune import parse_tune_values
 
+    nprocs = args.nprocs or ["1", "2"]
     try:
-        nprocs = [int(n) for n in args.nprocs]
+        nprocs = [int(n) for n in nprocs]
     except ValueError:
-        raise ConfigurationError(f"--nprocs {','.join(args.nprocs)}: give integers, e.g. --nprocs 1,2.") from None
+        raise ConfigurationError(f"--nprocs {','.join(nprocs)}: give integers, e.g. --nprocs 1,2.") from None
+    if args.script_args and not args.script:
+        raise ConfigurationError(
+            f"arguments after `--` ({' '.join(args.script_args)}) are a script's: add --script PATH before them."
+        )
     return BenchConfig(
-        backends=args.backends,
+        backends=args.backend,
         nprocs=nprocs,
-        models=args.models,
+        models=args.model or list(DEFAULT_MODELS),
+        input_shape=args.input_shape,
+        classes=args.classes,
+        script=args.script,
+        script_args=list(args.script_args),
         data=args.data,
         batch_size=args.batch_size,
         warmup=args.warmup,
@@ -235,7 +407,7 @@ def config_from_args(args: argparse.Namespace):
         overhead_steps=args.overhead_steps,
         overhead_seconds=args.overhead_seconds,
         overhead_model=args.overhead_model,
-        launchers=args.launchers,
+        launchers=args.launcher,
         timeout=args.timeout,
         out=args.out,
         plots=args.plots,
@@ -252,24 +424,29 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run the benchmark (exit status 0 when every launch succeeded), or compare two runs."""
-    if args.compare:
+    """Run the benchmark (exit status 0 when every launch succeeded), or compare two runs, or project one."""
+    mode = getattr(args, "mode", None) or "run"
+    if mode == "compare":
         from ..report.compare import compare_main
 
-        return compare_main(*args.compare)
-    if args.project_only:
+        return compare_main(*args.runs)
+    if mode == "project":
         from ..report.project_cli import project_main
 
-        return project_main(args.project_only, plots=args.plots)
+        return project_main(args.run, plots=args.plots)
     from .run import exit_status, run_bench
 
     return exit_status(run_bench(config_from_args(args)))
 
 
 def main(argv=None) -> int:
-    parser = add_arguments(
-        argparse.ArgumentParser(
-            prog="paraflow bench", description="Compare every data-parallel backend available here."
-        )
-    )
-    return run_from_args(parser.parse_args(argv))
+    """`paraflow bench` on its own (benchmarks/run.py): bad input exits 2 with the message, no traceback."""
+    from ...errors import ConfigurationError
+
+    parser = add_arguments(argparse.ArgumentParser(prog="paraflow bench"))
+    args = parser.parse_args(argv)
+    try:
+        return run_from_args(args)
+    except ConfigurationError as exc:
+        print(f"paraflow bench: {exc}", file=sys.stderr)
+        return 2

@@ -9,7 +9,7 @@ from typing import Optional
 from ...errors import ConfigurationError
 
 __all__ = ["ModelSpec", "BenchConfig", "parse_size", "message_sizes"]
-__all__ += ["DEFAULT_MODELS", "DEFAULT_MARGIN", "COLLECTIVES", "DTYPES", "UNITS"]
+__all__ += ["DEFAULT_MODELS", "DEFAULT_MARGIN", "COLLECTIVES", "DTYPES", "UNITS", "SCRIPT_PREFIX"]
 
 #: Defaults that cover both regimes: a wide MLP sends one large gradient message (4.5 MB) per
 #: step; the CNN (0.08 MB) and the transformer (0.4 MB over ~30 tensors) send small ones.
@@ -39,48 +39,77 @@ _UNITS = {
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model name from paraflow.examples.models with its size options, written `name[:key=value,...]`."""
+    """What one training task runs, written as text on the command line and in the results:
+
+    - a built-in model of paraflow.examples.models with integer size options, `name[:key=value,...]`
+      (kind "builtin");
+    - your factory, `MODULE:FUNCTION[:key=value,...]`, called with the options as string keyword
+      arguments (kind "factory", see paraflow.bench.rank.factory);
+    - your training script, `script::PATH` (kind "script", made by --script).
+    """
 
     name: str
     options: tuple = ()
+    kind: str = "builtin"
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
-        """Parse `mlp`, `mlp:width=1024` or `transformer:width=128,depth=4`."""
+        """Parse `mlp`, `mlp:width=1024`, `transformer:width=128,depth=4`, `mypkg.models:build:hidden=40`
+        or `script::train.py`."""
         from ...examples.models import MODELS
 
+        text = str(text).strip()
+        if text.startswith(SCRIPT_PREFIX):
+            return cls(text[len(SCRIPT_PREFIX) :], (), "script")
         name, _, rest = text.partition(":")
-        if name not in MODELS:
+        if name in MODELS:
+            return cls(name, _options(text, rest, integers=True))
+        function, _, rest = rest.partition(":")
+        if not name or not function.isidentifier() or not all(p.isidentifier() for p in name.split(".")):
             raise ConfigurationError(
-                f"unknown model {name!r} in {text!r}; choose one of {', '.join(MODELS)} "
-                "(sizes as name:key=value,..., e.g. mlp:width=1024)."
+                f"unknown model {text!r}: give a built-in one ({', '.join(MODELS)}, sizes as name:key=value,..., "
+                "e.g. mlp:width=1024) or your factory as MODULE:FUNCTION[:key=value,...], "
+                "e.g. mypkg.models:build:hidden=40."
             )
-        options = []
-        for item in filter(None, rest.split(",")):
-            key, eq, value = item.partition("=")
-            if not eq or not value.strip().isdigit():
-                raise ConfigurationError(
-                    f"model option {item!r} in {text!r} is not key=<integer> (e.g. mlp:width=1024,depth=2)."
-                )
-            options.append((key.strip(), int(value)))
-        return cls(name, tuple(options))
+        return cls(f"{name}:{function}", _options(text, rest, integers=False), "factory")
 
     @property
     def kwargs(self) -> dict:
-        """Keyword arguments for paraflow.examples.models.build_model."""
+        """Keyword arguments for the model's builder (strings for a factory)."""
         return dict(self.options)
 
     @property
     def label(self) -> str:
-        """`name` or `name(key=value,...)`, for tables and plots."""
+        """`name` or `name(key=value,...)` (a script: its file name), for tables and plots."""
+        if self.kind == "script":
+            return self.name.replace("\\", "/").rsplit("/", 1)[-1]
         if not self.options:
             return self.name
         return f"{self.name}({','.join(f'{k}={v}' for k, v in self.options)})"
 
     def __str__(self) -> str:
+        if self.kind == "script":
+            return SCRIPT_PREFIX + self.name
         if not self.options:
             return self.name
         return f"{self.name}:{','.join(f'{k}={v}' for k, v in self.options)}"
+
+
+#: How a script task is written in the results: `script::PATH`.
+SCRIPT_PREFIX = "script::"
+
+
+def _options(text: str, rest: str, integers: bool) -> tuple:
+    options = []
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key.isidentifier() or not value or (integers and not value.isdigit()):
+            kind = "<integer>" if integers else "<value>"
+            example = "mlp:width=1024,depth=2" if integers else "mypkg.models:build:hidden=40,depth=2"
+            raise ConfigurationError(f"model option {item!r} in {text!r} is not key={kind} (e.g. {example}).")
+        options.append((key, int(value) if integers else value))
+    return tuple(options)
 
 
 def parse_size(text: str) -> int:
@@ -112,6 +141,10 @@ class BenchConfig:
         backends: backend names to run (None: every one available here, see matrix.py).
         nprocs: process counts for multi-process backends (single and dp always run one).
         models: model specs, see ModelSpec.
+        input_shape: one sample's shape for a factory that returns a bare nn.Module.
+        classes: classes of the synthetic batch made for such a module.
+        script: a paraflow training script timed instead of the models (script mode).
+        script_args: the script's arguments.
         data: "synthetic" (default) or "digits".
         batch_size: samples per process per step (weak scaling: fixed per rank).
         warmup: untimed steps before each timed window, at least; warm-up goes on until step
@@ -170,6 +203,10 @@ class BenchConfig:
     backends: Optional[list] = None
     nprocs: list = field(default_factory=lambda: [1, 2])
     models: list = field(default_factory=lambda: [ModelSpec.parse(m) for m in DEFAULT_MODELS])
+    input_shape: Optional[tuple] = None
+    classes: int = 10
+    script: Optional[str] = None
+    script_args: list = field(default_factory=list)
     data: str = "synthetic"
     batch_size: int = 32
     warmup: int = 5
@@ -230,7 +267,7 @@ class BenchConfig:
         if not self.nprocs or any(int(n) < 1 for n in self.nprocs):
             raise ConfigurationError(f"process counts {self.nprocs}: give positive integers, e.g. --nprocs 1,2.")
         if not self.models:
-            raise ConfigurationError("no models to benchmark; give at least one, e.g. --models mlp.")
+            raise ConfigurationError("no models to benchmark; give at least one, e.g. --model mlp.")
         if self.min_window < 0:
             raise ConfigurationError(f"min_window={self.min_window}: must be zero or more seconds.")
         if self.timeout <= 0:
@@ -270,10 +307,38 @@ class BenchConfig:
             self.nprocs, self.overhead = [int(self.cluster)], False
         self.nprocs = sorted({int(n) for n in self.nprocs})
         self.models = [m if isinstance(m, ModelSpec) else ModelSpec.parse(m) for m in self.models]
+        if self.input_shape is not None:
+            self.input_shape = tuple(int(s) for s in self.input_shape)
+        if int(self.classes) < 1:
+            raise ConfigurationError(f"classes={self.classes}: give at least 1 (--classes 10).")
+        if self.script:
+            self._script_mode()
+        builtin = [m for m in self.models if m.kind == "builtin"]
         if self.overhead_model is None:
-            self.overhead_model = self.models[0]
+            # the abstraction overhead compares against hand-written loops of the built-in models
+            self.overhead_model = builtin[0] if builtin else None
+            self.overhead = self.overhead and bool(builtin)
         elif not isinstance(self.overhead_model, ModelSpec):
             self.overhead_model = ModelSpec.parse(self.overhead_model)
+        if self.overhead_model is not None and self.overhead_model.kind != "builtin":
+            raise ConfigurationError(
+                f"--overhead-model {self.overhead_model}: the abstraction overhead runs a built-in model "
+                "(mlp, cnn, transformer); your own models are timed by --model."
+            )
+
+    def _script_mode(self) -> None:
+        """--script: the script is the one thing trained; what needs the built-in loop is left out."""
+        from pathlib import Path
+
+        if not Path(self.script).is_file():
+            raise ConfigurationError(f"--script {self.script}: no such file; give the path of your training script.")
+        if self.tune or self.trace or self.scaling != ["weak"]:
+            raise ConfigurationError(
+                "--script times your script as it is: --tune, --trace and --scaling strong need the built-in "
+                "loop (drop them, or benchmark a --model instead)."
+            )
+        self.models = [ModelSpec(str(self.script), (), "script")]
+        self.allreduce = self.overhead = False
 
     def resolve_pin(self, load: float, cores: int, runnable: Optional[float] = None) -> tuple[bool, str]:
         """(pin?, why) for this run, given the 1-min load average, the core count and the runnable
@@ -295,5 +360,5 @@ class BenchConfig:
         """JSON-ready copy, models written as specs."""
         d = dict(vars(self))
         d["models"] = [str(m) for m in self.models]
-        d["overhead_model"] = str(self.overhead_model)
+        d["overhead_model"] = None if self.overhead_model is None else str(self.overhead_model)
         return d

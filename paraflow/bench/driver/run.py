@@ -7,12 +7,13 @@ import shutil
 import sys
 import time
 from collections import Counter
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from ...core.placement import cores
-from ..report.header import binding_summary, cluster_line, collect_header, header_lines
+from ..report.header import binding_summary, cluster_line, collect_header
 from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, terminal_report, write_csvs, write_json
 from ..report.tables import build_tables
 from .busy import runnable_others
@@ -20,10 +21,11 @@ from .config import BenchConfig
 from .extra_launches import run_extra_launches
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header
+from .progress import LaunchProgress
 from .runner import OMP_WAIT, run_cells, worker_entry
 from .speed_probe import probe_summary
 
-__all__ = ["run_bench", "exit_status", "OUTPUT_FILES"]
+__all__ = ["run_bench", "exit_status", "check_models", "start_line", "OUTPUT_FILES"]
 
 OUTPUT_FILES = (
     "results.json",
@@ -70,6 +72,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     if OMP_WAIT in os.environ:
         wait, why_wait = os.environ[OMP_WAIT], f"{OMP_WAIT}={os.environ[OMP_WAIT]} set by you"
     config = replace(config, pin="on" if pinned else "off")
+    check_models(config)
     matrix = matrix or build_matrix(config)
     out = Path(config.out)
     raw = _prepare(out)
@@ -77,29 +80,21 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     launchers = list(dict.fromkeys(c.launcher for c in matrix.cells))
     header = collect_header(threads, launchers, [])
     if progress:
-        print("\n".join(header_lines(header, with_commands=False)), file=progress)
-        for name, why in matrix.skipped.items():
-            print(f"not run: {name}: {why}", file=progress)
-        print(
-            f"{len(matrix.cells)} launches, each with a {config.timeout:.0f} s timeout; results go to {out}/",
-            file=progress,
-            flush=True,
-        )
+        print(start_line(header, matrix, config), file=progress, flush=True)
 
     start = time.monotonic()
-    with bench_cluster(config) as cluster:
+    tracker = LaunchProgress(progress, len(matrix.cells), start)
+    with bench_cluster(config) as cluster, closing(tracker):
         if cluster is not None:
             header["cluster"] = cluster_header(cluster)
-            if progress:
-                print(cluster_line(header["cluster"]), file=progress, flush=True)
-        cell_results = run_cells(matrix.cells, config, raw, entry=entry, progress=progress, cluster=cluster)
+            tracker.note(cluster_line(header["cluster"]))
+        cell_results = run_cells(matrix.cells, config, raw, entry=entry, cluster=cluster, tracker=tracker)
         if config.max_repeat > config.repeat:
 
             def launch(cell):
+                tracker.add(1)
                 heading = "[extra: intervals still wide]"
-                return run_cells(
-                    [cell], config, raw, entry=entry, progress=progress, cluster=cluster, started=start, heading=heading
-                )
+                return run_cells([cell], config, raw, entry=entry, cluster=cluster, heading=heading, tracker=tracker)
 
             extra = run_extra_launches(matrix.cells, cell_results, config, start, launch)
             cell_results += extra
@@ -148,6 +143,27 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
             flush=True,
         )
     return results
+
+
+def start_line(header: dict, matrix: Matrix, config: BenchConfig) -> str:
+    """The one line printed before the launches: what runs, what does not, where the results go
+    (the machine's whole description is in results.md)."""
+    line = (
+        f"paraflow bench: {len(matrix.cells)} launches, {config.timeout:.0f} s timeout each, on {header['cores']} "
+        f"cores ({header['cpu']}, GPU: {header['gpu']}); results go to {config.out}/"
+    )
+    if matrix.skipped:
+        line += "\nnot run: " + "; ".join(f"{name} ({why})" for name, why in matrix.skipped.items())
+    return line
+
+
+def check_models(config: BenchConfig) -> None:
+    """Build each of your factories once here, before any launch (factory.check_factory)."""
+    from ..rank.factory import check_factory
+
+    for spec in config.models:
+        if spec.kind == "factory":
+            check_factory(spec, config.input_shape, config.classes)
 
 
 def exit_status(results: dict) -> int:

@@ -17,11 +17,21 @@ from ...tools.launch import launch_command, run_launch
 from .config import BenchConfig
 from .matrix import Cell
 from .overhead_budget import overhead_seconds
+from .progress import LaunchProgress
 from .scratch import launch_scratch
 from .speed_probe import probe_ms
 from .trace_launch import trace_args, trace_env
 
-__all__ = ["CellResult", "run_cells", "worker_entry", "worker_args", "cell_env", "failure_reason", "command_line"]
+__all__ = [
+    "CellResult",
+    "run_cells",
+    "worker_entry",
+    "script_cell",
+    "worker_args",
+    "cell_env",
+    "failure_reason",
+    "command_line",
+]
 
 WORKER_MODULE = "paraflow.bench.rank.worker"
 _TAIL = 4000
@@ -109,6 +119,10 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     args += ["--max-warmup", str(config.max_warmup), "--scaling", ",".join(config.scaling)]
     for spec in cell.models:
         args += ["--model", str(spec)]
+    if config.input_shape:
+        args += ["--input-shape", ",".join(map(str, config.input_shape))]
+    if any(spec.kind == "factory" for spec in cell.models):
+        args += ["--classes", str(config.classes)]
     for key, value in cell.options:
         args += ["--option", f"{key}={value}"]
     args += trace_args(cell, out_dir)
@@ -123,15 +137,34 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
 
 
 def worker_entry(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
-    """What the launcher starts: `-m paraflow.bench.rank.worker` and its arguments."""
+    """What the launcher starts: `-m paraflow.bench.rank.worker` and its arguments, or your
+    --script and its arguments (script_hook.py times it from inside)."""
+    if script_cell(cell):
+        return [config.script, *config.script_args]
     return ["-m", WORKER_MODULE, *worker_args(cell, config, out_dir)]
+
+
+def script_cell(cell: Cell) -> bool:
+    """Whether `cell` runs your --script rather than the built-in loop."""
+    return cell.kind == "train" and any(spec.kind == "script" for spec in cell.models)
+
+
+def _script_env(cell: Cell, config: BenchConfig, out_dir: Path) -> dict:
+    """For a script cell: the backend to start and the step counter paraflow.init installs."""
+    if not script_cell(cell):
+        return {}
+    from ..rank.script_hook import script_env
+
+    task = f"train/{cell.models[0]}"
+    return {"PARAFLOW_BACKEND": cell.backend, **script_env(out_dir, config.warmup, config.steps, task)}
 
 
 def cell_env(cell: Cell, timeout: float, omp_wait: str = "passive") -> dict:
     """Variables for the cell's processes: threads per rank, unbuffered output, no inherited ranks."""
     threads = str(cell.threads)
     package_root = str(Path(__file__).resolve().parents[3])
-    path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    # the current directory too: your --model factories import from there, as they did in the driver
+    path = os.pathsep.join(dict.fromkeys(filter(None, [package_root, os.getcwd(), os.environ.get("PYTHONPATH")])))
     inherited = launcher_variables(os.environ) + ["PARAFLOW_BACKEND"]  # a parent job's, not the cell's
     env = {key: None for key in inherited if key in os.environ}
     env.update(
@@ -199,7 +232,7 @@ def run_cell(
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("rank*.json"):
         old.unlink()
-    env = {**cell_env(cell, timeout, config.omp_wait), **trace_env(cell, out_dir)}
+    env = {**cell_env(cell, timeout, config.omp_wait), **trace_env(cell, out_dir), **_script_env(cell, config, out_dir)}
     start = time.monotonic()
     try:
         if cluster is not None:
@@ -232,6 +265,16 @@ def _outcome(cell: Cell, command: list, result, out_dir: Path, timeout: float, e
         status = "timed out"
     elif result.returncode != 0:
         status, error = "failed", f"exit status {result.returncode}: {failure_reason(result.stderr, result.returncode)}"
+    elif any(r.get("error") for r in ranks):
+        status, error = "failed", next(f"rank {r.get('rank')}: {r['error']}" for r in ranks if r.get("error"))
+    elif missing and script_cell(cell):
+        status, error = (
+            "failed",
+            (
+                f"rank(s) {', '.join(map(str, missing))} wrote no results: the script never called paraflow.init(), "
+                "which starts the benchmark's step counter (call it with no name: the benchmark picks the backend)"
+            ),
+        )
     elif missing:
         status, error = "failed", f"rank(s) {', '.join(map(str, missing))} wrote no results"
     else:
@@ -249,10 +292,6 @@ def _outcome(cell: Cell, command: list, result, out_dir: Path, timeout: float, e
     )
 
 
-def _clock(seconds: float) -> str:
-    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
-
-
 def run_cells(
     cells: list,
     config: BenchConfig,
@@ -263,35 +302,40 @@ def run_cells(
     cluster=None,
     started: Optional[float] = None,
     heading: Optional[str] = None,
+    tracker: Optional[LaunchProgress] = None,
 ) -> list:
-    """Run `cells` one after another, printing progress; a failed or hung cell does not stop the rest.
+    """Run `cells` one after another, showing progress; a failed or hung cell does not stop the rest.
 
-    Progress counts the time from `started` (time.monotonic(); default now), and each line starts
-    with `heading` instead of the launch's place in `cells` when given."""
-    progress = sys.stdout if progress is True else (progress or None)
+    Progress goes to `tracker` when given (one display for a whole run), else to a display of its
+    own on `progress` (True: standard output; False: nothing) counting the time from `started`
+    (time.monotonic(); default now). Each line starts with `heading` instead of the launch's
+    place when given."""
+    own = tracker is None
+    if own:
+        stream = sys.stdout if progress is True else (progress or None)
+        tracker = LaunchProgress(stream, len(cells), started)
     timeout = config.timeout if timeout is None else timeout
-    results, start, total = [], time.monotonic() if started is None else started, len(cells)
-    width, tuning_s = len(str(total)), 0.0
-    for i, cell in enumerate(cells, 1):
-        elapsed = time.monotonic() - start
-        place = heading or f"[{i:>{width}}/{total}]"
-        if cell.options and tuning_s >= config.tune_seconds:
-            if progress:
-                print(f"{place} not run (tuning budget spent) · {cell.label}", file=progress)
-            continue
-        if progress:
-            left = "" if heading else f", {total - i} left"
-            print(f"{place} {_clock(elapsed)} elapsed{left} · {cell.label}", file=progress, flush=True)
-        launch_config = config
-        if cell.overhead is not None:
-            seconds = overhead_seconds(config, elapsed, cells[i - 1 :], results)
-            launch_config = replace(config, overhead_seconds=round(seconds, 1))
-        result = run_cell(cell, launch_config, raw_dir, timeout, entry, cluster)
-        result.probe_ms = round(probe_ms(), 3)
-        results.append(result)
-        tuning_s += result.elapsed_s if cell.options else 0.0
-        if progress:
-            print(f"    $ {command_line(result.command, result.env)}", file=progress)
+    results, start = [], tracker.started
+    tuning_s = 0.0
+    try:
+        for i, cell in enumerate(cells, 1):
+            elapsed = time.monotonic() - start
+            if cell.options and tuning_s >= config.tune_seconds:
+                tracker.note(f"not run (tuning budget spent) · {cell.label}")
+                tracker.add(-1)
+                continue
+            tracker.begin(cell.label, heading)
+            launch_config = config
+            if cell.overhead is not None:
+                seconds = overhead_seconds(config, elapsed, cells[i - 1 :], results)
+                launch_config = replace(config, overhead_seconds=round(seconds, 1))
+            result = run_cell(cell, launch_config, raw_dir, timeout, entry, cluster)
+            result.probe_ms = round(probe_ms(), 3)
+            results.append(result)
+            tuning_s += result.elapsed_s if cell.options else 0.0
             outcome = "ok" if result.ok else f"{result.status.upper()}: {result.error}"
-            print(f"    {outcome} ({result.elapsed_s:.1f} s)", file=progress, flush=True)
+            tracker.end(result.ok, outcome, result.elapsed_s)
+    finally:
+        if own:
+            tracker.close()
     return results

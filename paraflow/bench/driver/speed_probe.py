@@ -4,7 +4,7 @@ On a shared or virtual machine the host's speed drifts by itself: here 50 produc
 256 x 256 matrices took 16.6-21.4 ms within two minutes with nothing else running. Two runs
 minutes apart can then disagree on every figure while nothing in them changed. The probe runs
 in the driver between launches (about 0.04 s each), so a run records how fast the machine
-itself was along the way, and `paraflow bench --compare` can say how much of a difference
+itself was along the way, and `paraflow bench compare` can say how much of a difference
 between two runs the machine explains.
 """
 

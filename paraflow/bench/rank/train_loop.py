@@ -10,6 +10,7 @@ Everything across ranks (max per step, throughput) is computed later from these 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import statistics
 import time
@@ -23,6 +24,7 @@ from ...examples.data import load_dataset
 from ...examples.models import build_model, count_parameters
 from ..driver.config import ModelSpec
 from .breakdown import run_pairs, step_parts, window_breakdown
+from .factory import batch_samples, build_factory, call_model, model_facts, take, to_device
 from .model_state import model_state_bytes
 from .warmup import WINDOW, warm_up
 
@@ -34,6 +36,8 @@ __all__ = [
     "device_sync",
     "reset_peak_memory",
     "peak_memory_bytes",
+    "peak_memory",
+    "peak_rss_bytes",
     "LEARNING_RATE",
 ]
 
@@ -48,23 +52,28 @@ def device_sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _clear_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets this process's peak resident set size (VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def reset_peak_memory(device: torch.device) -> str:
-    """Start a new peak-memory window; returns what is measured ("cuda-allocated", "rss", "rss-since-start")."""
+    """Start a new peak-memory window; returns what peak_memory_bytes measures ("cuda-allocated",
+    "rss", "rss-since-start"). The peak resident set size restarts on a GPU too, where the clock allows."""
+    cleared = _clear_peak_rss()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return "cuda-allocated"
-    try:  # Linux: writing 5 resets this process's peak resident set size (VmHWM)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return "rss"
-    except OSError:
-        return "rss-since-start"
+    return "rss" if cleared else "rss-since-start"
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak CUDA memory allocated by torch on `device`, else this process's peak resident set size."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (VmHWM; getrusage where /proc is missing)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -77,6 +86,21 @@ def peak_memory_bytes(device: torch.device) -> int:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak CUDA memory allocated by torch on `device`, else this process's peak resident set size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return peak_rss_bytes()
+
+
+def peak_memory(device: torch.device) -> dict:
+    """{"peak_rss_bytes"} of this process, and {"peak_cuda_bytes"} allocated by torch on a GPU."""
+    peaks = {"peak_rss_bytes": peak_rss_bytes()}
+    if device.type == "cuda":
+        peaks["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(device))
+    return peaks
 
 
 def make_batches(backend, data: str, batch_size: int, seed: int) -> tuple[Iterator, tuple, int]:
@@ -105,21 +129,27 @@ def make_batches(backend, data: str, batch_size: int, seed: int) -> tuple[Iterat
 
 
 def make_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, marks: Optional[dict] = None
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    marks: Optional[dict] = None,
+    loss_fn: Optional[Callable] = None,
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """One training step as every backend runs it: to device, zero grads, forward, backward, step.
 
     With `marks`, each step stores in it the clock after zero_grad ("zeroed"), after backward
-    ("backward") and after the optimizer step ("optimizer"), for the step breakdown.
+    ("backward") and after the optimizer step ("optimizer"), for the step breakdown. The loss is
+    `loss_fn(output, targets)`, cross-entropy by default.
     """
     clock = time.perf_counter
+    loss_fn = loss_fn or F.cross_entropy
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        x, y = x.to(device), y.to(device)
+        x, y = to_device(x, device), y.to(device)
         optimizer.zero_grad()  # torch >= 2: set_to_none=True
         if marks is not None:
             marks["zeroed"] = clock()
-        loss = F.cross_entropy(model(x), y)
+        loss = loss_fn(call_model(model, x), y)
         loss.backward()
         if marks is not None:
             marks["backward"] = clock()
@@ -184,16 +214,29 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
     else:
         per_rank = batch_size
     step_batch = per_rank * (replicas(backend) if backend.world_size == 1 else 1)
-    batches, in_shape, classes = make_batches(backend, data, step_batch, seed)
-    memory_kind = reset_peak_memory(device)
-    torch.manual_seed(seed)
-    module = build_model(spec.name, in_shape, classes, **spec.kwargs)
+    loss_fn = None
+    if spec.kind == "builtin":
+        batches, in_shape, classes = make_batches(backend, data, step_batch, seed)
+        memory_kind = reset_peak_memory(device)
+        torch.manual_seed(seed)
+        module = build_model(spec.name, in_shape, classes, **spec.kwargs)
+    else:  # your factory: its own batch, or a synthetic one of --input-shape (factory.py)
+        memory_kind = reset_peak_memory(device)
+        input_shape, classes = getattr(settings, "input_shape", None), getattr(settings, "classes", 10)
+        built = build_factory(spec, input_shape, classes, step_batch, seed, device)
+        module, loss_fn = built.module, built.loss
+        inputs, targets = built.inputs, built.targets
+        if scaling == "strong" and input_shape is None:  # its example batch is the global one: this rank's share
+            inputs, targets = take(inputs, targets, backend.rank, backend.world_size)
+        step_batch = per_rank = batch_samples(inputs)
+        batches = itertools.repeat((inputs, targets))
     parameters = count_parameters(module)
+    param_bytes = model_facts(module)["param_bytes"]
     grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
     model = backend.wrap_model(module)
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
     marks: dict = {}
-    step = make_step(model, optimizer, device, marks)
+    step = make_step(model, optimizer, device, marks, loss_fn)
 
     def one_step() -> float:
         loss = step(*next(batches))
@@ -220,6 +263,7 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         "model": spec.label,
         "model_spec": str(spec),
         "parameters": parameters,
+        "param_bytes": param_bytes,
         "grad_bytes": grad_bytes,
         "batch_per_rank": per_rank,
         "samples_per_step": step_batch,
@@ -246,7 +290,7 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
     else:
         result["breakdown"] = window_breakdown(parts)  # one process: nothing to communicate
 
-    result.update(peak_memory_bytes=peak_memory_bytes(device), memory_kind=memory_kind)
+    result.update(peak_memory_bytes=peak_memory_bytes(device), memory_kind=memory_kind, **peak_memory(device))
     if getattr(settings, "trace", None):  # after every measurement: the profiler slows what it records
         from .trace import write_trace
 

@@ -71,6 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch threads for the memory copy")
     p.add_argument("--data", default="synthetic")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--input-shape", type=_sizes, default=None, help="one sample's shape for a factory's bare module")
+    p.add_argument("--classes", type=int, default=10, help="classes of that module's synthetic batch")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=30, help="timed steps, at least")
     p.add_argument("--profile-steps", type=int, default=20, help="overhead: steps under the own-code profiler")

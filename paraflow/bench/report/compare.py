@@ -1,4 +1,4 @@
-"""Two runs side by side: `paraflow bench --compare RUN_A RUN_B`.
+"""Two runs side by side: `paraflow bench compare RUN_A RUN_B`.
 
 For every training row both runs have, the median step time and samples/s of each run with its
 95% interval, and whether they agree: each run's median inside the other's interval. Then the

@@ -169,6 +169,7 @@ def _sections(results: dict, fmt: str) -> list:
         )
         hidden = TRAINING_HIDDEN + (("speedup",) if scaling == "weak" else ())
         hidden += ("setting",) if all(r.get("setting", "default") == "default" for r in rows) else ()
+        hidden += ("peak_cuda_mb",) if all(r.get("peak_cuda_mb") is None for r in rows) else ()
         title = f"Training: {model}, {scaling} scaling ({about})"
         sections.append((title, render(rows, TRAINING_COLUMNS, fmt, drop=hidden)))
     footers = {
@@ -218,17 +219,10 @@ def _skipped(results: dict) -> list:
 
 
 def terminal_report(results: dict) -> str:
-    """What the command prints at the end: header, every table, failures, where the files are."""
-    lines = ["", "=" * 100, *header_lines(results["header"], with_commands=False), "=" * 100]
-    for title, text in _sections(results, "simple"):
-        lines += ["", title, text]
-    if _skipped(results):
-        lines += ["", "Not run here:", *[f"  {s}" for s in _skipped(results)]]
-    if _failures(results):
-        lines += ["", "FAILED cells:", *[f"  {f}" for f in _failures(results)]]
-    if verdict_lines(results):
-        lines += ["", "Verdict:", *[f"  - {v}" for v in verdict_lines(results)]]
-    return "\n".join(lines)
+    """What the command prints at the end: the answer on one screen (screen.py); every table is in results.md."""
+    from .screen import screen_report
+
+    return screen_report(results)
 
 
 def _md_escape(text: str) -> str:

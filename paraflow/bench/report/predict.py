@@ -100,6 +100,8 @@ def _model_sizes(spec: str, parameters: Optional[int]) -> tuple:
     from ...examples.models import build_model
 
     model_spec = ModelSpec.parse(spec)
+    if model_spec.kind != "builtin":
+        return None, None  # your model is not rebuilt here: the prediction uses its gradient bytes
     model = build_model(model_spec.name, **model_spec.kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
     if parameters is not None and sum(p.numel() for p in params) != parameters:

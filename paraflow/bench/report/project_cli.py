@@ -1,4 +1,4 @@
-"""``paraflow bench --project-only DIR``: the cost model from a results folder, running nothing.
+"""``paraflow bench project DIR``: the cost model from a results folder, running nothing.
 
 Rebuilds every table from the folder's raw numbers (so an older run gets the model too), prints
 the fits, the predictions, the projection and the published comparison, and writes

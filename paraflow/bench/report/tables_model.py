@@ -1,7 +1,7 @@
 """The cost model's tables: the α-β fits, the projection to many hosts, the published comparison.
 
 Computation only, on numbers the run already measured (the collective sweep, the training rows
-and their no-sync steps): built with every run, and again by ``paraflow bench --project-only DIR``
+and their no-sync steps): built with every run, and again by ``paraflow bench project DIR``
 from a results folder.
 """
 

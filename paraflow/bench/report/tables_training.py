@@ -39,6 +39,7 @@ TRAINING_COLUMNS = {
     "batch_per_rank": "batch/rank",
     "global_batch": "global batch",
     "parameters": "params",
+    "param_mb": "params MB",
     "grad_mb_per_step": "grad MB/step",
     "step_ms_median": "step ms median",
     "step_ms_p10": "p10 ms",
@@ -50,7 +51,8 @@ TRAINING_COLUMNS = {
     "comm_overhead": "comm overhead",
     **BREAKDOWN_COLUMNS,
     "warmup_steps": "warm-up steps",
-    "peak_mem_mb": "peak mem MB",
+    "peak_cuda_mb": "peak CUDA MB/rank",
+    "peak_mem_mb": "peak RSS MB/rank",
     "model_state_mb": "model state MB",
     "final_loss": "loss at step --warmup",
     "predicted_step_ms": "predicted step ms",
@@ -62,10 +64,9 @@ TRAINING_COLUMNS = {
 
 def _launch(cell: dict, tasks: list) -> dict:
     """One launch's numbers, every rank's folded into one (slowest rank per step)."""
-    t0 = tasks[0]
     numbers = {
         "steps": metrics.slowest_rank_per_step([t["step_s"] for t in tasks]),
-        "samples": t0["steps"] * t0["samples_per_step"] * cell["nproc"],
+        "samples": sum(t.get("window_samples", t["steps"] * t["samples_per_step"]) for t in tasks),
         "window": max(t["window_s"] for t in tasks),
         "sync": None,
     }
@@ -148,22 +149,43 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
         batch_per_rank=t0["batch_per_rank"],
         global_batch=t0["samples_per_step"] * first["nproc"],
         parameters=t0["parameters"],
+        param_mb=None if t0.get("param_bytes") is None else rounded(t0["param_bytes"] / 1e6, 3),
         grad_mb_per_step=rounded(t0["grad_bytes"] / 1e6, 3),
         step_ms_p10=rounded(metrics.percentile(pooled, 10) * 1e3, 3),
         step_ms_p90=rounded(metrics.percentile(pooled, 90) * 1e3, 3),
         warmup_steps=max(t[0].get("warmup", 0) for _, t in found),
-        peak_mem_mb=rounded(max(t["peak_memory_bytes"] for _, ts in found for t in ts) / 1e6, 1),
+        peak_mem_mb=_peak_mb([t for _, ts in found for t in ts], "peak_rss_bytes"),
+        peak_cuda_mb=_peak_mb([t for _, ts in found for t in ts], "peak_cuda_bytes"),
         model_state_mb=_model_state_mb([t for _, ts in found for t in ts]),
-        final_loss=rounded(statistics.fmean(_loss(t) for t in found[0][1]), 4),  # same seed and data each launch
+        final_loss=_final_loss(found[0][1]),
     )
     row["_replicas"] = t0.get("replicas", first["nproc"])
     return row, {"step": step, "x": x, "comm": comm}
+
+
+def _peak_mb(tasks: list, key: str) -> Optional[float]:
+    """The largest rank's peak memory (MB): resident set size, or torch's CUDA allocations; results
+    written before both were kept hold one peak_memory_bytes (the RSS on a CPU)."""
+    if key == "peak_rss_bytes":
+        peaks = [t.get(key, t.get("peak_memory_bytes")) for t in tasks]
+    else:
+        peaks = [t.get(key) for t in tasks]
+    peaks = [p for p in peaks if p is not None]
+    return rounded(max(peaks) / 1e6, 1) if peaks else None
 
 
 def _model_state_mb(tasks: list) -> Optional[float]:
     """Bytes of parameters, gradients and optimizer state one rank holds, max over ranks (MB)."""
     held = [sum(t["model_state_bytes"].values()) for t in tasks if "model_state_bytes" in t]  # not in older results
     return rounded(max(held) / 1e6, 3) if held and len(held) == len(tasks) else None
+
+
+def _final_loss(tasks: list) -> Optional[float]:
+    """The loss after --warmup steps, mean over ranks (same seed and data each launch); None for a
+    --script, whose losses the benchmark does not see."""
+    if any(not t.get("warmup_losses") and not t.get("losses") for t in tasks):
+        return None
+    return rounded(statistics.fmean(_loss(t) for t in tasks), 4)
 
 
 def _loss(task: dict) -> float:

@@ -101,6 +101,7 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: f
         "tuned": tuned,
         "threshold": threshold,
         "fastest": ties,
+        "first": _name(fast_row),
         "slower": [o for o in others if o["slower"]],
         "no_significant_difference": [o for o in others if not o["slower"]],
         "comm_overhead": None

@@ -1,0 +1,151 @@
+"""The answer on one screen: the verdict first, one line per model, then a compact table.
+
+Everything else (every table, the collectives sweep, the step breakdown, the cost model, the
+commands) is in results.md, the CSV files, results.json and the plots.
+
+    mlp, 2 processes: horovod·mpirun 1.18× [1.10, 1.26] the throughput of ddp-gloo·torchrun;
+    fastest here: horovod·mpirun            (one line on the screen)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["screen_report", "headline", "headlines", "compact_rows", "COMPACT_COLUMNS"]
+
+#: The compact table's columns: key -> header.
+COMPACT_COLUMNS = {
+    "model": "model",
+    "run": "backend·launcher",
+    "processes": "procs",
+    "samples": "samples/s [95%]",
+    "step": "step ms",
+    "efficiency": "scaling eff",
+    "rss": "peak RSS MB/rank",
+    "cuda": "peak CUDA MB/rank",
+    "params": "params",
+}
+
+
+def _name(text: str) -> str:
+    """`backend · launcher` as `backend·launcher`."""
+    return text.replace(" · ", "·")
+
+
+def _backend(name: str) -> str:
+    return name.split(" · ")[0]
+
+
+def headline(entry: dict) -> str:
+    """One verdict entry (verdict.training_verdict) as one line: the fastest against the best of
+    another backend, with the interval of the throughput ratio, and who is fastest here."""
+    n = entry["processes"]
+    where = f"{entry['model']}, {n} process{'es' * (n > 1)}"
+    others = entry["slower"] + entry["no_significant_difference"]
+    others.sort(key=lambda o: o["factor"])  # the closest first
+    ties = entry["fastest"]
+    fastest = ties[0] if len(ties) == 1 else None
+    first = entry.get("first") or ties[0]
+    rival = next((o for o in others if _backend(o["name"]) != _backend(first)), others[0] if others else None)
+    if rival is None:
+        return f"{where}: {_name(first)} only, nothing to compare with here"
+    factor = f"{rival['factor']:.2f}× [{rival['low']:.2f}, {rival['high']:.2f}]"
+    called = "" if rival["slower"] else " (no significant difference)"
+    here = _name(fastest) if fastest else " = ".join(_name(t) for t in ties) + " (within noise of each other)"
+    return f"{where}: {_name(first)} {factor} the throughput of {_name(rival['name'])}{called}; fastest here: {here}"
+
+
+def headlines(verdict: list) -> list:
+    """One line per model: weak scaling, default settings, at the model's largest process count."""
+    training = [v for v in verdict if "processes" in v and v.get("scaling") == "weak" and not v.get("tuned")]
+    widest: dict = {}
+    for entry in training:
+        if entry["processes"] >= widest.get(entry["model"], {"processes": 0})["processes"]:
+            widest[entry["model"]] = entry
+    return [headline(entry) for entry in widest.values()]
+
+
+def _interval(row: dict, key: str, fmt: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "—"
+    low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
+    if low is None or high is None:
+        return format(value, fmt)
+    return f"{format(value, fmt)} [{format(low, fmt)}–{format(high, fmt)}]"
+
+
+def _params(row: dict) -> str:
+    count, mb = row.get("parameters"), row.get("param_mb")
+    if count is None:
+        return "—"
+    size = f"{count / 1e6:.2f} M" if count >= 1e5 else f"{count:,}"
+    return size + (f" / {mb:g} MB" if mb is not None else "")
+
+
+def _plain(value, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def compact_rows(training: list) -> list:
+    """The compact table's rows: weak scaling, default settings, one per model x backend x launcher x processes."""
+    rows = []
+    for row in training:
+        if row.get("scaling", "weak") != "weak" or row.get("setting", "default") != "default":
+            continue
+        samples = _interval(row, "samples_per_s", ",.0f") if row.get("status") == "ok" else row.get("status")
+        rows.append(
+            {
+                "model": row["model"],
+                "run": f"{row['backend']}·{row['launcher']}",
+                "processes": row["processes"],
+                "samples": samples,
+                "step": _plain(row.get("step_ms_median"), ".3g"),
+                "efficiency": _plain(row.get("scaling_efficiency"), ".0%"),
+                "rss": _plain(row.get("peak_mem_mb"), ",.0f"),
+                "cuda": _plain(row.get("peak_cuda_mb"), ",.0f"),
+                "params": _params(row),
+            }
+        )
+    return rows
+
+
+def _table(rows: list) -> str:
+    from tabulate import tabulate
+
+    columns = dict(COMPACT_COLUMNS)
+    if all(r["cuda"] == "—" for r in rows):
+        columns.pop("cuda")
+    return tabulate([[r[k] for k in columns] for r in rows], headers=list(columns.values()), tablefmt="simple")
+
+
+def _machine(header: dict) -> str:
+    load = header.get("load_average_1min", {})
+    return (
+        f"torch {header.get('torch')} · horovod {header.get('horovod')} · {header.get('cpu')}, {header.get('cores')} "
+        f"cores · GPU: {header.get('gpu')} · 1-min load {load.get('start')} → {load.get('end', '?')}"
+    )
+
+
+def screen_report(results: dict, out: Optional[str] = None) -> str:
+    """What a run prints at its end: verdict lines, the compact table, the machine, failures, where the rest is."""
+    from .header import busy_warning
+
+    out = out or results.get("config", {}).get("out", "the results folder")
+    lines = ["", f"Verdict (throughput, median over launches with its 95% interval; every figure: {out}/results.md)"]
+    found = headlines(results["tables"].get("verdict", []))
+    lines += [f"  {line}" for line in found] or ["  no training row was measured"]
+    rows = compact_rows(results["tables"].get("training", []))
+    if rows:
+        lines += ["", _table(rows)]
+    lines += ["", _machine(results["header"])]
+    warning = busy_warning(results["header"])
+    if warning:
+        lines.append(warning)
+    skipped = results.get("skipped", {})
+    if skipped:
+        lines.append("not run here: " + "; ".join(f"{name} ({why})" for name, why in skipped.items()))
+    failed = [f"  {c['id']}: {c['status']}: {c['error']}" for c in results["cells"] if c["status"] != "ok"]
+    if failed:
+        lines += ["FAILED cells:", *failed]
+    return "\n".join(lines)
