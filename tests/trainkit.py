@@ -18,7 +18,7 @@ STEPS, PER_RANK = 6, 16
 
 def train_args(backend: str, out, batch_size: int = PER_RANK) -> list:
     """train.py for a few steps on digits, `batch_size` per rank; the parameters are exported to `out`."""
-    steps = ["--steps", STEPS, "--batch-size", batch_size, "--export", out]
+    steps = ["--max-steps", STEPS, "--batch-size", batch_size, "--export", out]
     return [TRAIN, "--backend", backend, "--data", "digits", *steps]
 
 

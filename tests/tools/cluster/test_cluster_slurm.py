@@ -72,13 +72,13 @@ def test_paraflow_run_builds_the_srun_command(slurm, single, tmp_path):
     out = tmp_path / "params.pt"
     run = [sys.executable, "-m", "paraflow.cli", "run", "--launcher", "srun", "--hosts", "node0:1,node1:1"]
     script = [str(a) for a in train_args("ddp-gloo", out)]
-    script.remove("--backend"), script.remove("ddp-gloo")
+    script.remove("--backend"), script.remove("ddp-gloo")  # paraflow run hands it over as PARAFLOW_BACKEND
     dry = slurm.run([*run, "--backend", "ddp-gloo", "--dry-run", *script], timeout=60)
     srun_path = slurm.run(["sh", "-c", "command -v srun"], timeout=20).stdout.strip()
     expected = [srun_path, "-n", "2", "--nodelist", "node0,node1", "--ntasks-per-node", "1", "--kill-on-bad-exit=1"]
-    assert shlex.join([*expected, sys.executable, *script, "--backend", "ddp-gloo"]) in dry.stdout, dry.stdout
+    assert f"PARAFLOW_BACKEND=ddp-gloo {shlex.join([*expected, sys.executable, *script])}" in dry.stdout, dry.stdout
     done = slurm.run([*run, "--backend", "ddp-gloo", *script], timeout=240)
-    assert "held-out accuracy" in done.stdout, done.stdout[-2000:]
+    assert "held-out accuracy" in done.stdout and "launcher srun" in done.stdout + done.stderr, done.stdout[-2000:]
     assert_same_parameters(exported_parameters(out), single)
 
 
