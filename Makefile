@@ -1,9 +1,9 @@
-# make install: set up .venv (Open MPI, torch, paraflow, Horovod); make test; make bench.
+# make install: set up .venv (Open MPI, torch, paraflow, Horovod); make test; make bench; make docs.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.paraflow-installed
 
-.PHONY: install lint test test-cluster soak bench clean
+.PHONY: install lint test test-cluster soak bench docs clean
 
 install: $(STAMP)
 
@@ -28,5 +28,15 @@ soak: install
 bench: install
 	$(VENV)/bin/paraflow bench
 
+# The docs site (MkDocs) into site/; --strict fails on broken links and pages missing from the nav.
+DOCS_STAMP := $(VENV)/.paraflow-docs-installed
+
+$(DOCS_STAMP): $(STAMP) setup.cfg
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results
+	rm -rf $(VENV) build *.egg-info .pytest_cache bench-results site

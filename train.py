@@ -36,24 +36,31 @@ from paraflow.errors import ConfigurationError
 from paraflow.examples.data import DATASETS, load_dataset
 from paraflow.examples.models import MODELS, build_model
 from paraflow.examples.record import RunRecord
+from paraflow.tools.flags import deprecated_alias
 from paraflow.training.precision import PRECISIONS
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    """train.py's command line (its flags follow the names `paraflow` uses for the same ideas)."""
+    p = argparse.ArgumentParser(
+        prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument(
         "--backend",
         choices=paraflow.registered_names(),
         default=None,
         help="default: PARAFLOW_BACKEND, else ddp under a launcher, else single",
     )
-    p.add_argument("--model", choices=list(MODELS), default="mlp")
-    p.add_argument("--data", choices=DATASETS, default="digits")
-    p.add_argument("--epochs", type=int, default=15)
-    p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
+    p.add_argument("--model", choices=list(MODELS), default="mlp", help="the model to train (default: mlp)")
+    p.add_argument("--data", choices=DATASETS, default="digits", help="the data set (default: digits)")
+    p.add_argument("--epochs", type=int, default=15, help="passes over the data (default 15)")
+    p.add_argument(
+        "--max-steps", type=int, default=0, metavar="N", help="stop after N optimizer steps in all (0: no limit)"
+    )
+    deprecated_alias(p, "--steps", "--max-steps")
     p.add_argument("--batch-size", type=int, default=32, help="per process")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model, the data order and the synthetic data")
     p.add_argument("--json-out", default=None, help="rank 0 writes a result summary here")
     p.add_argument(
         "--accumulation-steps",
@@ -82,7 +89,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="at the end, also write a full checkpoint any backend resumes from (fsdp: unsharded)",
     )
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def evaluate(backend: paraflow.Backend, model: torch.nn.Module, dataset) -> float:
@@ -157,7 +168,7 @@ def main(argv=None) -> dict:
         step, epoch, saved_at, compute_dtype = progress["step"], progress["epoch"], None, None
         epoch_loss = accuracy = float("nan")
         for epoch in range(progress["epoch"], args.epochs):
-            if args.steps and step >= args.steps:
+            if args.max_steps and step >= args.max_steps:
                 break
             sampler.set_epoch(epoch, position=progress["sample"] if epoch == progress["epoch"] else 0)
             batches_in_epoch = len(loader)
@@ -188,7 +199,7 @@ def main(argv=None) -> dict:
                     if save_due and not join:  # under join, ranks may have left: save after it
                         backend.save(args.checkpoint, state)
                         save_due, saved_at = False, step
-                    if args.steps and step >= args.steps:
+                    if args.max_steps and step >= args.max_steps:
                         break
             if save_due:
                 backend.save(args.checkpoint, state)
@@ -201,7 +212,7 @@ def main(argv=None) -> dict:
                     f"held-out accuracy {accuracy:.2%}  {record.elapsed():.1f}s",
                     flush=True,
                 )
-            if args.steps and step >= args.steps:
+            if args.max_steps and step >= args.max_steps:
                 break
         if args.checkpoint and saved_at != step:
             backend.save(args.checkpoint, state)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .tools.flags import deprecated_flag
+
 
 def _backends(args: argparse.Namespace) -> int:
     from .core.registry import available_backends
@@ -21,10 +23,13 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    if args.comm or args.backend or args.nprocs is not None or args.timeout is not None:
+    if getattr(args, "check_command", None) == "comm" or args.legacy_comm:
         from .tools.comm_check import run_from_args as comm_check
 
         return comm_check(args)
+    if args.nprocs is not None or args.backend or args.wait_timeout is not None:
+        print("paraflow check: -n, --backend and --timeout go with `paraflow check comm`.", file=sys.stderr)
+        return 2
     from .tools.check import main as check_main
 
     return check_main(as_json=args.json, json_dir=args.json_dir)
@@ -48,8 +53,12 @@ def _cluster(args: argparse.Namespace) -> int:
     return cluster_main(args)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``paraflow`` command line (the docs' CLI reference is generated from it)."""
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="paraflow", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"paraflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("backends", help="list registered backends and whether each can run here").set_defaults(
         func=_backends
@@ -67,9 +76,24 @@ def main(argv=None) -> int:
         help="write each process's JSON report to DIR/rank<R>.json (lines printed at once by several "
         "processes can interleave as a launcher forwards them)",
     )
+    # `check --comm -n N --backend B --timeout S`, the old spelling of `check comm`.
+    deprecated_flag(check, "--comm", use="paraflow check comm", kind="const", dest="legacy_comm", default=False)
+    deprecated_flag(check, "-n", "--nprocs", use="paraflow check comm -n", type=int, dest="nprocs", default=None)
+    deprecated_flag(
+        check, "--backend", use="paraflow check comm --backend", kind="append", dest="backend", default=None
+    )
+    deprecated_flag(
+        check, "--timeout", use="paraflow check comm --wait-timeout", type=float, dest="wait_timeout", default=None
+    )
+    check.set_defaults(func=_check, check_command=None)
+    check_sub = check.add_subparsers(dest="check_command", metavar="{comm}")
     from .tools.comm_check import add_arguments as add_comm_arguments
 
-    add_comm_arguments(check).set_defaults(func=_check)
+    add_comm_arguments(
+        check_sub.add_parser(
+            "comm", help="live test: run four collectives on every backend that can run here, in new processes"
+        )
+    )
     from .tools.run import add_arguments as add_run_arguments
 
     add_run_arguments(
@@ -88,7 +112,11 @@ def main(argv=None) -> int:
 
     cluster = sub.add_parser("cluster", help="an emulated multi-host cluster on this machine (root): up, exec, down")
     add_cluster_arguments(cluster).set_defaults(func=_cluster)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     from .errors import ConfigurationError
 
     try:

@@ -56,7 +56,7 @@ def test_steps_limit_stops_early(tmp_path):
             "synthetic",
             "--model",
             "transformer",
-            "--steps",
+            "--max-steps",
             "3",
             "--json-out",
             out,
@@ -84,6 +84,6 @@ def test_bad_arguments_are_refused(argv, message, tmp_path):
 def test_single_under_mpirun_fails_fast_with_the_fix():
     from conftest import launch
 
-    result = launch("mpirun", 2, [TRAIN, "--backend", "single", "--steps", "1"], timeout=60)
+    result = launch("mpirun", 2, [TRAIN, "--backend", "single", "--max-steps", "1"], timeout=60)
     assert result.returncode != 0
     assert "runs in one process" in result.stderr and "python train.py --backend single" in result.stderr

@@ -1,4 +1,4 @@
-"""``paraflow check --comm``: does communication actually work here? A live test of every backend.
+"""``paraflow check comm``: does communication actually work here? A live test of every backend.
 
 For each backend that can run on this machine, N fresh processes (``paraflow.launch``'s workers)
 meet at rank 0's address, start the backend and run allreduce, broadcast, allgather and barrier
@@ -16,6 +16,7 @@ from typing import Optional, TextIO
 
 from ..errors import ParaflowError
 from .comm_rank import COLLECTIVES, check_rank
+from .flags import deprecated_alias
 from .spawn import run_workers
 
 __all__ = ["add_arguments", "run_checks", "run_from_args", "render"]
@@ -25,20 +26,25 @@ _STARTUP_S = 60  # interpreter, torch and horovod imports before a rank can arri
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The ``--comm`` options of ``paraflow check``."""
+    """The options of ``paraflow check comm``."""
     parser.add_argument(
-        "--comm", action="store_true", help="live test: run four collectives on every backend that can run here"
-    )
-    parser.add_argument("-n", "--nprocs", type=int, default=None, help="--comm: processes per backend (default 2)")
-    parser.add_argument(
-        "--backend", action="append", default=None, help="--comm: only these backends (repeat, or a,b,c)"
+        "-n", "--nprocs", type=int, default=None, help="processes per multi-process backend, in all (default 2)"
     )
     parser.add_argument(
-        "--timeout",
+        "--backend",
+        action="append",
+        default=None,
+        help="check only these backends (repeat, or a comma list: a,b,c; default: every one that can run here)",
+    )
+    parser.add_argument(
+        "--wait-timeout",
         type=float,
         default=None,
-        help=f"--comm: seconds to wait for ranks and for each collective (default {DEFAULT_TIMEOUT:g})",
+        metavar="SECONDS",
+        help=f"seconds to wait for the ranks to arrive and for each collective (default {DEFAULT_TIMEOUT:g})",
     )
+    deprecated_alias(parser, "--timeout", "--wait-timeout")
+    parser.add_argument("--json", action="store_true", help="print every result as one line of JSON")
     return parser
 
 
@@ -145,18 +151,12 @@ def render(result: dict) -> str:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """``paraflow check --comm``: print each backend's result; 1 when any failed, 2 for bad arguments.
-
-    Also called for ``paraflow check`` given --comm's options without --comm, to refuse them.
-    """
-    if not args.comm:
-        print("paraflow check: -n, --backend and --timeout go with --comm.", file=sys.stderr)
-        return 2
+    """``paraflow check comm``: print each backend's result; 1 when any failed, 2 for bad arguments."""
     names = [n for item in (args.backend or []) for n in item.split(",") if n] or None
     nprocs = 2 if args.nprocs is None else args.nprocs
-    timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    timeout = DEFAULT_TIMEOUT if args.wait_timeout is None else args.wait_timeout
     if nprocs < 1 or timeout <= 0:
-        print("paraflow check --comm: -n and --timeout must be positive.", file=sys.stderr)
+        print("paraflow check comm: -n and --wait-timeout must be positive.", file=sys.stderr)
         return 2
     if not args.json:
         print(
@@ -167,7 +167,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     try:
         results = run_checks(names, nprocs, timeout, out=None if args.json else sys.stdout)
     except ParaflowError as exc:
-        print(f"paraflow check --comm: {exc}", file=sys.stderr)
+        print(f"paraflow check comm: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(results))

@@ -1,4 +1,4 @@
-"""What each process of ``paraflow check --comm`` does: arrive, start the backend, check four collectives.
+"""What each process of ``paraflow check comm`` does: arrive, start the backend, check four collectives.
 
 First every rank reports at rank 0's address (MASTER_ADDR:MASTER_PORT) through a torch TCPStore
 that rank 0 serves, so that a rank which cannot get there is named, by rank 0, after the timeout

@@ -1,7 +1,7 @@
 """``paraflow run``: start a script under the launcher its backend wants; end every process it started.
 
 The command is printed before it runs (``--dry-run`` prints only), the job's exit status becomes
-this command's, and Ctrl-C, SIGTERM, SIGHUP or ``--timeout`` kill the launcher and every process
+this command's, and Ctrl-C, SIGTERM, SIGHUP or ``--job-timeout`` kill the launcher and every process
 below it: the launch runs in a session of its own, and this process adopts (Linux subreaper) and
 kills whatever a launcher leaves behind.
 """
@@ -16,6 +16,7 @@ import sys
 from typing import Optional
 
 from ..errors import ConfigurationError, ParaflowError
+from .flags import deprecated_alias
 from .launch import kill_descendants, run_launch
 from .run_plan import RUN_LAUNCHERS, RunPlan, plan_run
 
@@ -28,7 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "-n", "--nprocs", type=int, default=None, help="processes in all (default: the sum over --hosts, else 1)"
     )
     parser.add_argument(
-        "--backend", default=None, help="backend name: picks the launcher and is passed to the script as --backend NAME"
+        "--backend",
+        default=None,
+        help="backend name: picks the launcher and is set as PARAFLOW_BACKEND for the script, whose paraflow.init() "
+        "takes it (default: PARAFLOW_BACKEND, else ddp for -n above 1, else single)",
     )
     parser.add_argument(
         "--launcher",
@@ -43,8 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument("--port", type=int, default=None, help="rendezvous port of a multi-host torchrun job (29500)")
     parser.add_argument(
-        "--timeout", type=float, default=None, help="seconds before every process is killed (default: no limit)"
+        "--job-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds the whole job may run before every process is killed (default: no limit)",
     )
+    deprecated_alias(parser, "--timeout", "--job-timeout")
     parser.add_argument("--dry-run", action="store_true", help="print the command(s) and exit")
     parser.add_argument("script", help="the Python file to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -52,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run ``paraflow run``; returns the job's exit status (2: bad arguments, 124: timeout)."""
+    """Run ``paraflow run``; returns the job's exit status (2: bad arguments, 124: past --job-timeout)."""
     try:
         plan = plan_run(
             [args.script, *args.args],
@@ -75,7 +84,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if removed:
         print(f"paraflow run: not passing on the parent job's {', '.join(removed)}", file=sys.stderr)
     print(f"paraflow run: {plan.shown(argv)}", flush=True)
-    return _execute(argv, plan.env, args.timeout)
+    return _execute(argv, plan.env, args.job_timeout)
 
 
 def _command_for_this_host(plan: RunPlan, node_rank: Optional[int]) -> list:

@@ -24,6 +24,8 @@ __all__ = ["RUN_LAUNCHERS", "RunPlan", "parse_hosts", "choose_launcher", "plan_r
 
 RUN_LAUNCHERS = ("auto", *launcher_tools())
 MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
+#: How the job's processes learn the backend: ``paraflow.init()`` with no name reads it.
+BACKEND_VARIABLE = "PARAFLOW_BACKEND"
 # A new job's own identity; the allocation's other SLURM_* variables stay, srun and mpirun need them.
 _SLURM_TASK = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")
 
@@ -109,13 +111,14 @@ def plan_run(
     must_exist: bool = True,
     env: Mapping[str, str] = os.environ,
 ) -> RunPlan:
-    """Plan ``paraflow run``: pick the launcher, pass ``--backend`` on to `script`, build every command.
+    """Plan ``paraflow run``: pick the launcher, hand the backend to `script`, build every command.
 
     Args:
         script: the Python file and its arguments.
         nproc: total processes (None: the sum over `hosts`, else 1).
-        backend: the backend name, passed to the script as ``--backend NAME`` (None: passed
-            nothing; the launcher follows PARAFLOW_BACKEND, else ddp for several processes).
+        backend: the backend name (None: PARAFLOW_BACKEND, else ddp for several processes, else
+            single). The job gets it as PARAFLOW_BACKEND, which ``paraflow.init()`` reads, so
+            the script parses nothing; mpirun forwards it to other hosts with ``-x``.
         launcher: "auto" or one of RUN_LAUNCHERS.
         hosts: "h1:2,h2:2" for a multi-host job (None: this host).
         port: rendezvous port of a multi-host torchrun job (default 29500).
@@ -137,12 +140,15 @@ def plan_run(
             f"backend {name!r} runs in one process; use -n 1, or a multi-process backend (--backend ddp)."
         )
     chosen = choose_launcher(name, launcher, env)
-    args = [*script, "--backend", name] if backend else list(script)
+    args = list(script)
     if host_list and chosen == "torchrun":  # one agent per host: a command for each
         commands = [
             (host, launch_command(chosen, nproc, args, port, hosts=host_list, node_rank=i, must_exist=must_exist))
             for i, (host, _) in enumerate(host_list)
         ]
     else:
-        commands = [(None, launch_command(chosen, nproc, args, port, hosts=host_list, must_exist=must_exist))]
-    return RunPlan(name, chosen, commands, job_environment(chosen, 0 if host_list else nproc, env))
+        forward = [BACKEND_VARIABLE] if host_list else []  # local ranks inherit it; remote ones need -x
+        command = launch_command(chosen, nproc, args, port, env_keys=forward, hosts=host_list, must_exist=must_exist)
+        commands = [(None, command)]
+    job_env = {BACKEND_VARIABLE: name, **job_environment(chosen, 0 if host_list else nproc, env)}
+    return RunPlan(name, chosen, commands, job_env)

@@ -84,7 +84,7 @@ def test_missing_class_in_module_names_the_registration(scratch_registry):
 @pytest.mark.timeout(240)
 def test_train_py_runs_on_a_backend_registered_outside_the_package(tmp_path):
     """Under torchrun, 2 ranks: the toy backend trains exactly as DDP does (same losses)."""
-    args = ["--data", "digits", "--steps", "8", "--epochs", "1"]
+    args = ["--data", "digits", "--max-steps", "8", "--epochs", "1"]
     toy, ddp = tmp_path / "toy.json", tmp_path / "ddp.json"
     launch_ok("torchrun", 2, [PLUGINS / "train_with_toy.py", *args, "--json-out", toy], timeout=180)
     launch_ok("torchrun", 2, [ROOT / "train.py", "--backend", "ddp-gloo", *args, "--json-out", ddp], timeout=180)

@@ -1,4 +1,4 @@
-"""`paraflow check --comm`: four collectives per backend, a rank that cannot connect named in time."""
+"""`paraflow check comm`: four collectives per backend, a rank that cannot connect named in time."""
 
 import json
 import subprocess
@@ -12,13 +12,13 @@ from paraflow.tools.comm_rank import COLLECTIVES
 
 
 def check_comm(env, *args):
-    cmd = [sys.executable, "-m", "paraflow.cli", "check", "--comm", *args]
+    cmd = [sys.executable, "-m", "paraflow.cli", "check", "comm", *args]
     return subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=400)
 
 
 def test_single_ddp_gloo_and_horovod_pass_here(no_leftovers):
     names = ["single", "ddp-gloo"] + ([] if _HOROVOD_MISSING else ["horovod"])
-    done = check_comm(no_leftovers, "--json", "-n", "2", "--backend", ",".join(names), "--timeout", "60")
+    done = check_comm(no_leftovers, "--json", "-n", "2", "--backend", ",".join(names), "--wait-timeout", "60")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(done.stdout.splitlines()[-1])
     assert [r["backend"] for r in results] == names
@@ -45,7 +45,7 @@ def test_a_rank_that_cannot_connect_is_named_within_the_timeout(no_leftovers):
 
 def test_a_broken_backend_fails_the_command(no_leftovers):
     env = {**no_leftovers, "GLOO_SOCKET_IFNAME": "no-such-interface0"}
-    done = check_comm(env, "--backend", "ddp-gloo", "--timeout", "20")
+    done = check_comm(env, "--backend", "ddp-gloo", "--wait-timeout", "20")
     assert done.returncode == 1
     assert "ddp-gloo   FAILED" in done.stdout and "no-such-interface0" in done.stdout
 
@@ -53,7 +53,23 @@ def test_a_broken_backend_fails_the_command(no_leftovers):
 def test_unknown_backends_are_refused_before_anything_starts(capsys):
     from paraflow.cli import main
 
-    assert main(["check", "--comm", "--backend", "nope"]) == 2
+    assert main(["check", "comm", "--backend", "nope"]) == 2
     assert "known backends" in capsys.readouterr().err
-    assert main(["check", "--backend", "ddp-gloo"]) == 2  # a --comm option without --comm
-    assert "go with --comm" in capsys.readouterr().err
+    assert main(["check", "--backend", "ddp-gloo"]) == 2  # a comm option without `comm`
+    assert "go with `paraflow check comm`" in capsys.readouterr().err
+
+
+def test_the_old_spelling_check_dash_dash_comm_still_works_and_names_the_new_one(capsys):
+    from paraflow.cli import build_parser, main
+
+    args = build_parser().parse_args(
+        ["check", "--comm", "-n", "3", "--backend", "a", "--backend", "b", "--timeout", "7"]
+    )
+    assert (args.legacy_comm, args.nprocs, args.backend, args.wait_timeout) == (True, 3, ["a", "b"], 7.0)
+    err = capsys.readouterr().err
+    assert "--comm is deprecated; use paraflow check comm" in err
+    assert "--timeout is deprecated; use paraflow check comm --wait-timeout" in err
+    assert main(["check", "--comm", "--backend", "nope"]) == 2  # and it runs the check: the name is refused
+    assert "known backends" in capsys.readouterr().err
+    args = build_parser().parse_args(["check", "comm", "--timeout", "7"])
+    assert args.wait_timeout == 7.0 and "use --wait-timeout" in capsys.readouterr().err

@@ -32,17 +32,17 @@ def dry_run(capsys, *args) -> list:
 # ---------------------------------------------------------------- the printed commands
 def test_single_and_dp_run_under_plain_python(capsys):
     assert dry_run(capsys, "--backend", "single", "train.py", "--epochs", "1") == [
-        f"{PY} train.py --epochs 1 --backend single"
+        f"PARAFLOW_BACKEND=single {PY} train.py --epochs 1"
     ]
-    assert dry_run(capsys, "--backend", "dp", "train.py") == [f"{PY} train.py --backend dp"]
+    assert dry_run(capsys, "--backend", "dp", "train.py") == [f"PARAFLOW_BACKEND=dp {PY} train.py"]
 
 
 @pytest.mark.parametrize("backend", ["ddp-gloo", "ddp"])
 def test_ddp_runs_under_torchrun_on_a_free_port(capsys, backend):
     (line,) = dry_run(capsys, "-n", "2", "--backend", backend, "train.py")
     assert re.fullmatch(
-        rf"{re.escape(PY)} -m torch.distributed.run --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 "
-        rf"--master_port \d+ train.py --backend {backend}",
+        rf"PARAFLOW_BACKEND={backend} {re.escape(PY)} -m torch.distributed.run --nnodes 1 --nproc_per_node 2 "
+        rf"--master_addr 127.0.0.1 --master_port \d+ train.py",
         line,
     )
 
@@ -51,7 +51,7 @@ def test_ddp_runs_under_torchrun_on_a_free_port(capsys, backend):
 def test_horovod_runs_under_mpirun_when_present(capsys):
     yield_flag = "OMPI_MCA_mpi_yield_when_idle=1 " if 2 >= cores() else ""
     assert dry_run(capsys, "-n", "2", "--backend", "horovod", "train.py") == [
-        f"{yield_flag}{MPIRUN} -np 2 --bind-to none --oversubscribe{ROOT_FLAG} {PY} train.py --backend horovod"
+        f"PARAFLOW_BACKEND=horovod {yield_flag}{MPIRUN} -np 2 --bind-to none --oversubscribe{ROOT_FLAG} {PY} train.py"
     ]
 
 
@@ -60,7 +60,7 @@ def test_horovod_falls_back_to_horovodrun_gloo_without_mpirun(capsys, monkeypatc
     if not os.access(HOROVODRUN, os.X_OK):
         pytest.skip("horovodrun is not installed next to this Python")
     assert dry_run(capsys, "-n", "2", "--backend", "horovod", "train.py") == [
-        f"{HOROVODRUN} -np 2 -H localhost:2 --gloo {PY} train.py --backend horovod"
+        f"PARAFLOW_BACKEND=horovod {HOROVODRUN} -np 2 -H localhost:2 --gloo {PY} train.py"
     ]
 
 
@@ -68,21 +68,22 @@ def test_every_launcher_across_hosts(capsys):
     hosts = ["--hosts", "node1:2,node2:2"]
     assert dry_run(capsys, *hosts, "--backend", "ddp", "--port", "29400", "train.py") == [
         "# on node1",
-        f"{PY} -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 2 --rdzv_backend static "
-        "--rdzv_endpoint node1:29400 train.py --backend ddp",
+        f"PARAFLOW_BACKEND=ddp {PY} -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 2 "
+        "--rdzv_backend static --rdzv_endpoint node1:29400 train.py",
         "# on node2",
-        f"{PY} -m torch.distributed.run --nnodes 2 --node_rank 1 --nproc_per_node 2 --rdzv_backend static "
-        "--rdzv_endpoint node1:29400 train.py --backend ddp",
+        f"PARAFLOW_BACKEND=ddp {PY} -m torch.distributed.run --nnodes 2 --node_rank 1 --nproc_per_node 2 "
+        "--rdzv_backend static --rdzv_endpoint node1:29400 train.py",
     ]
     (line,) = dry_run(capsys, *hosts, "--backend", "horovod", "--launcher", "mpirun", "train.py")
-    assert line.endswith(f"mpirun -np 4 --bind-to none -H node1:2,node2:2{ROOT_FLAG} {PY} train.py --backend horovod")
+    assert line.startswith("PARAFLOW_BACKEND=horovod ")
+    assert line.endswith(
+        f"mpirun -np 4 --bind-to none -H node1:2,node2:2{ROOT_FLAG} -x PARAFLOW_BACKEND {PY} train.py"
+    )  # remote ranks get the backend from mpirun's -x
     assert "OMPI_MCA" not in line and "--oversubscribe" not in line
     (line,) = dry_run(capsys, *hosts, "--backend", "horovod", "--launcher", "horovodrun", "train.py")
-    assert line.endswith(f"horovodrun -np 4 -H node1:2,node2:2 --gloo {PY} train.py --backend horovod")
+    assert line.endswith(f"horovodrun -np 4 -H node1:2,node2:2 --gloo {PY} train.py")
     (line,) = dry_run(capsys, *hosts, "--backend", "ddp", "--launcher", "srun", "train.py")
-    assert line.endswith(
-        f"srun -n 4 --nodelist node1,node2 --ntasks-per-node 2 --kill-on-bad-exit=1 {PY} train.py --backend ddp"
-    )
+    assert line.endswith(f"srun -n 4 --nodelist node1,node2 --ntasks-per-node 2 --kill-on-bad-exit=1 {PY} train.py")
 
 
 def test_srun_is_picked_inside_a_slurm_allocation(capsys, monkeypatch, tmp_path):
@@ -92,10 +93,10 @@ def test_srun_is_picked_inside_a_slurm_allocation(capsys, monkeypatch, tmp_path)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     assert dry_run(capsys, "-n", "4", "--backend", "ddp", "train.py") == [
-        f"{srun} -n 4 --kill-on-bad-exit=1 {PY} train.py --backend ddp"
+        f"PARAFLOW_BACKEND=ddp {srun} -n 4 --kill-on-bad-exit=1 {PY} train.py"
     ]
     # one-process backends stay on plain python inside an allocation too
-    assert dry_run(capsys, "--backend", "single", "train.py") == [f"{PY} train.py --backend single"]
+    assert dry_run(capsys, "--backend", "single", "train.py") == [f"PARAFLOW_BACKEND=single {PY} train.py"]
 
 
 @pytest.mark.parametrize(
@@ -113,6 +114,25 @@ def test_bad_arguments_exit_2_with_the_reason(capsys, args, words):
     assert words in capsys.readouterr().err
 
 
+def test_the_backend_reaches_the_script_as_paraflow_backend_and_the_default_follows_the_environment():
+    from paraflow.tools.run_plan import plan_run
+
+    assert plan_run(["x.py"], 2, "ddp-gloo", must_exist=False, env={}).env["PARAFLOW_BACKEND"] == "ddp-gloo"
+    assert (
+        plan_run(["x.py"], 2, None, must_exist=False, env={"PARAFLOW_BACKEND": "fsdp"}).env["PARAFLOW_BACKEND"]
+        == "fsdp"
+    )
+    assert plan_run(["x.py"], 1, None, must_exist=False, env={}).env["PARAFLOW_BACKEND"] == "single"
+
+
+def test_the_old_timeout_flag_still_works_and_names_the_new_one(capsys):
+    from paraflow.cli import build_parser
+
+    args = build_parser().parse_args(["run", "--timeout", "5", "train.py"])
+    assert args.job_timeout == 5.0
+    assert "--timeout is deprecated; use --job-timeout" in capsys.readouterr().err
+
+
 def test_a_parent_jobs_rank_variables_are_not_passed_on():
     env = {"RANK": "3", "WORLD_SIZE": "8", "SLURM_PROCID": "1", "SLURM_JOB_ID": "7", "PARAFLOW_RANK": "1", "HOME": "/"}
     changes = job_environment("torchrun", 2, env)
@@ -127,7 +147,7 @@ def paraflow_run(env, *args, timeout=240):
     return subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
 
 
-TRAIN = ["train.py", "--epochs", "1", "--steps", "2", "--data", "synthetic", "--model", "mlp"]
+TRAIN = ["train.py", "--epochs", "1", "--max-steps", "2", "--data", "synthetic", "--model", "mlp"]
 
 
 @pytest.mark.parametrize(
@@ -143,8 +163,9 @@ def test_train_py_runs_on_two_ranks(no_leftovers, tmp_path, backend, launcher, s
     done = paraflow_run(no_leftovers, "-n", 2, "--backend", backend, "--launcher", launcher, *TRAIN, "--json-out", out)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     first = done.stdout.splitlines()[0]
-    assert first.startswith("paraflow run: ") and shown in first and first.endswith(f"--backend {backend}")
-    summary = json.loads(out.read_text())
+    assert first.startswith(f"paraflow run: PARAFLOW_BACKEND={backend} ") and shown in first
+    assert "--backend" not in first.split(" train.py", 1)[1]  # the script is handed nothing to parse
+    summary = json.loads(out.read_text())  # train.py's paraflow.init(None) took the backend from the variable
     assert (summary["backend"], summary["world_size"]) == (backend, 2)
 
 
@@ -200,4 +221,5 @@ def test_torchrun_across_two_hosts_forms_one_job(no_leftovers, tmp_path):
     assert [a.returncode for a in agents] == [0, 0], results
     ranks = sorted((json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")), key=lambda r: r["RANK"])
     assert [(r["RANK"], r["WORLD_SIZE"], r["GROUP_RANK"]) for r in ranks] == [("0", "2", "0"), ("1", "2", "1")]
+    assert [r["PARAFLOW_BACKEND"] for r in ranks] == ["ddp-gloo", "ddp-gloo"]
     assert "--node_rank 1" in results[1][0].splitlines()[0]

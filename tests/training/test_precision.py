@@ -33,7 +33,7 @@ def test_bf16_autocast_on_cpu_trains_through_train_py(tmp_path):
 @pytest.mark.timeout(240)
 def test_fp16_with_loss_scaling_keeps_the_scaler_in_the_checkpoint(tmp_path):
     summary, state = run_train(
-        tmp_path, "single", "python", 1, "--precision", "fp16", "--data", "synthetic", "--steps", "5"
+        tmp_path, "single", "python", 1, "--precision", "fp16", "--data", "synthetic", "--max-steps", "5"
     )
     assert summary["compute_dtype"] == "float16"
     assert state["scaler"]["scale"] > 0 and "_growth_tracker" in state["scaler"]
@@ -44,7 +44,7 @@ def test_fp16_with_loss_scaling_keeps_the_scaler_in_the_checkpoint(tmp_path):
 def test_fp16_loss_scaling_gives_horovod_and_ddp_the_same_model(tmp_path):
     """Horovod reduces gradients inside optimizer.step(): the scaler must wait for that reduction
     before it unscales them, or the update uses still-scaled (or half-reduced) gradients."""
-    flags = ("--precision", "fp16", "--data", "synthetic", "--batch-size", "256", "--steps", "6")
+    flags = ("--precision", "fp16", "--data", "synthetic", "--batch-size", "256", "--max-steps", "6")
     _, ddp = run_train(tmp_path, "ddp-gloo", "torchrun", 2, *flags, name="ddp")
     _, horovod = run_train(tmp_path, "horovod", "mpirun", 2, *flags, name="horovod")
     for key, value in ddp["model"].items():

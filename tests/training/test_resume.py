@@ -28,7 +28,7 @@ def train(directory, backend, name, steps, resume=None):
         10,
         "--accumulation-steps",
         2,
-        "--steps",
+        "--max-steps",
         steps,
         "--checkpoint",
         checkpoint,

@@ -32,7 +32,7 @@ def trained(directory: Path, nproc: int, *args) -> list:
 def first_half(tmp_path_factory):
     directory = tmp_path_factory.mktemp("first-half")
     checkpoint = directory / "ckpt.pt"
-    seen = trained(directory / "trace", 2, "--steps", STEPS, "--checkpoint", checkpoint)
+    seen = trained(directory / "trace", 2, "--max-steps", STEPS, "--checkpoint", checkpoint)
     assert len(seen) == len(set(seen)) == STEPS * BATCH * 2
     return checkpoint, seen
 

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from ..flags import deprecated_alias
 from .cluster import IFNAME, Cluster, cluster_names
 from .netns import ClusterError
 
@@ -17,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The cluster subcommands, under `parser`."""
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="create hosts node0..nodeN-1 as network namespaces joined by a switch")
-    up.add_argument("--hosts", type=int, default=2, help="number of hosts (default 2)")
+    up.add_argument("--nodes", type=int, default=2, metavar="N", help="number of hosts, node0..nodeN-1 (default 2)")
+    deprecated_alias(up, "--hosts", "--nodes")
     up.add_argument("--bandwidth", default=None, help="rate of each host link, both directions (1gbit, 100mbit)")
     up.add_argument(
         "--tcp-retries2",
@@ -46,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    cluster = Cluster(args.name, args.hosts, args.bandwidth, args.tcp_retries2).up()
+    cluster = Cluster(args.name, args.nodes, args.bandwidth, args.tcp_retries2).up()
     link = f"links shaped to {cluster.bandwidth} each way" if cluster.bandwidth else "links unshaped"
     print(f"cluster {cluster.name}: {len(cluster.hosts)} hosts on {IFNAME}, {link}")
     for host in cluster.hosts:

@@ -65,7 +65,7 @@ class Cluster:
         if not _NAME.fullmatch(name):
             raise ClusterError(f"cluster name {name!r} must be 1-24 lower-case letters or digits (e.g. --name c1).")
         if not 1 <= hosts <= 250:
-            raise ClusterError(f"--hosts {hosts}: an emulated cluster has 1 to 250 hosts.")
+            raise ClusterError(f"an emulated cluster has 1 to 250 hosts, not {hosts}.")
         if not 1 <= tcp_retries2 <= 30:
             raise ClusterError(f"--tcp-retries2 {tcp_retries2}: choose 1 to 30 (Linux's default is 15).")
         self.name = name

@@ -21,7 +21,7 @@ def test_train_reaches_accuracy_bar_on_digits_under_fsdp(tmp_path):
 @pytest.mark.timeout(240)
 def test_uneven_shards_are_refused_with_drop_last(tmp_path):
     # 3,277 synthetic samples over 2 ranks in batches of 1: 1,639 and 1,638 batches, so join would be needed.
-    argv = [TRAIN, "--backend", "fsdp", "--data", "synthetic", "--batch-size", 1, "--steps", 1]
+    argv = [TRAIN, "--backend", "fsdp", "--data", "synthetic", "--batch-size", 1, "--max-steps", 1]
     result = launch("torchrun", 2, argv, timeout=180)
     assert result.returncode != 0
     assert "fsdp cannot let ranks finish early" in result.stdout + result.stderr

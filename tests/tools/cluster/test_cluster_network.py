@@ -130,7 +130,7 @@ def test_cli_up_exec_status_down():
         argv = [*cli, action, "--name", name, *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=str(ROOT))
 
-    up = paraflow("up", "--hosts", "2", "--bandwidth", "1gbit")
+    up = paraflow("up", "--nodes", "2", "--bandwidth", "1gbit")
     try:
         assert up.returncode == 0, up.stderr
         assert "node1" in up.stdout and "198.18.0.2" in up.stdout

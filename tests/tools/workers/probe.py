@@ -4,7 +4,7 @@ probe.py exit CODE           every rank exits with CODE
 probe.py kill RANK DIR       RANK SIGKILLs itself once every rank has started; the others sleep
 probe.py sleep DIR           every rank says it started, then sleeps
 probe.py identity DIR        every rank writes its launcher variables to DIR/rank<R>.json
-Extra arguments after these (``--backend NAME`` from paraflow run) are ignored.
+Extra arguments after these are ignored.
 """
 
 import json
@@ -48,5 +48,5 @@ if mode == "sleep":
     started(Path(args[0]))
     time.sleep(300)
 if mode == "identity":
-    keys = ("RANK", "WORLD_SIZE", "GROUP_RANK", "LOCAL_RANK", "MASTER_ADDR")
+    keys = ("RANK", "WORLD_SIZE", "GROUP_RANK", "LOCAL_RANK", "MASTER_ADDR", "PARAFLOW_BACKEND")
     (Path(args[0]) / f"rank{rank()}.json").write_text(json.dumps({k: os.environ.get(k) for k in keys}))
