@@ -142,9 +142,10 @@ def stop_gradient_allreduce(optimizers: list) -> list:
     """Lift every gradient's pass counter out of reach, so horovod's hooks neither reduce nor
     count the backward passes to come; returns what :func:`resume_gradient_allreduce` restores."""
     saved = [(o, dict(o._allreduce_delay), set(o._handles)) for o in optimizers]
-    for optimizer, delays, _ in saved:
+    for optimizer, delays, handles in saved:
         for p in delays:
             optimizer._allreduce_delay[p] += _NO_SYNC_PASSES
+        optimizer._paraflow_handles_before_no_sync = handles
     return saved
 
 
@@ -152,9 +153,14 @@ def resume_gradient_allreduce(saved: list) -> None:
     """Undo :func:`stop_gradient_allreduce`: the next backward pass reduces what accumulated."""
     for optimizer, delays, handles in saved:
         optimizer._allreduce_delay.update(delays)
-        # Passes while stopped left (None, None) placeholders; drop them so zero_grad stays legal.
-        for p in [p for p, h in optimizer._handles.items() if p not in handles and h[0] is None]:
-            del optimizer._handles[p]
+        _drop_no_sync_placeholders(optimizer, handles)
+        optimizer._paraflow_handles_before_no_sync = None
+
+
+def _drop_no_sync_placeholders(optimizer: torch.optim.Optimizer, handles: set) -> None:
+    """Passes while stopped left (None, None) placeholders; drop them so zero_grad stays legal."""
+    for p in [p for p, h in optimizer._handles.items() if p not in handles and h[0] is None]:
+        del optimizer._handles[p]
 
 
 def _accept_set_to_none(cls: type) -> None:
@@ -162,6 +168,9 @@ def _accept_set_to_none(cls: type) -> None:
     horovod_zero_grad = cls.zero_grad
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        before_no_sync = getattr(self, "_paraflow_handles_before_no_sync", None)
+        if before_no_sync is not None:  # after a step under no_sync, before the next forward outside it
+            _drop_no_sync_placeholders(self, before_no_sync)
         if self._handles:
             horovod_zero_grad(self)  # raises: zero_grad between backward and step
         super(cls, self).zero_grad(set_to_none=set_to_none)
