@@ -72,7 +72,9 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     - ``_allreduce(tensor, op)``, ``_broadcast(tensor, src)``, ``_allgather(tensor)``, optionally
       ``_barrier()``: one library collective each, behind the public collectives.
     - optionally ``wrap_optimizer``, ``no_sync``, ``join``, ``transport``, ``unavailable_reason``,
-      ``process_limit``; class attributes ``OPTIONS``, ``LAUNCHERS``, ``COMPRESSIONS``, ``MULTI_PROCESS``.
+      ``process_limit``, ``_synchronize_gradients`` and ``_gradient_norm_power`` (where gradients
+      are reduced after backward, or sharded: :meth:`clip_grad_norm_`); class attributes
+      ``OPTIONS``, ``LAUNCHERS``, ``COMPRESSIONS``, ``MULTI_PROCESS``.
     """
 
     #: Backend-specific option names accepted besides the common ones.

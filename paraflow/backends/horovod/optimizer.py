@@ -108,10 +108,12 @@ def _bound_gradient_sync(backend: Any, optimizer: torch.optim.Optimizer) -> None
             activity.enter("optimizer.step")
         try:
             with errors, bounded:
-                return synchronize()
+                synchronize()
         finally:
             if activity is not None:
                 activity.leave("optimizer.step")
+        if getattr(optimizer, "_paraflow_stopped", False):  # a step inside no_sync: horovod reset the counts
+            _lift(optimizer)
 
     optimizer.synchronize = bounded_synchronize
     _step_after_synchronize(type(optimizer))
@@ -142,24 +144,28 @@ def stop_gradient_allreduce(optimizers: list) -> list:
     """Lift every gradient's pass counter out of reach, so horovod's hooks neither reduce nor
     count the backward passes to come; returns what :func:`resume_gradient_allreduce` restores."""
     saved = [(o, dict(o._allreduce_delay), set(o._handles)) for o in optimizers]
-    for optimizer, delays, handles in saved:
-        for p in delays:
-            optimizer._allreduce_delay[p] += _NO_SYNC_PASSES
-        optimizer._paraflow_handles_before_no_sync = handles
+    for optimizer, _, _ in saved:
+        _lift(optimizer)
+        optimizer._paraflow_stopped = True
     return saved
+
+
+def _lift(optimizer: torch.optim.Optimizer) -> None:
+    for p in optimizer._allreduce_delay:
+        optimizer._allreduce_delay[p] += _NO_SYNC_PASSES
 
 
 def resume_gradient_allreduce(saved: list) -> None:
     """Undo :func:`stop_gradient_allreduce`: the next backward pass reduces what accumulated."""
     for optimizer, delays, handles in saved:
+        optimizer._paraflow_stopped = False
         optimizer._allreduce_delay.update(delays)
-        _drop_no_sync_placeholders(optimizer, handles)
-        optimizer._paraflow_handles_before_no_sync = None
+        _drop_placeholders(optimizer, keep=handles)
 
 
-def _drop_no_sync_placeholders(optimizer: torch.optim.Optimizer, handles: set) -> None:
-    """Passes while stopped left (None, None) placeholders; drop them so zero_grad stays legal."""
-    for p in [p for p, h in optimizer._handles.items() if p not in handles and h[0] is None]:
+def _drop_placeholders(optimizer: torch.optim.Optimizer, keep: Any = ()) -> None:
+    """Drop the (None, None) handles passes left while reduction was stopped (zero_grad refuses them)."""
+    for p in [p for p, h in optimizer._handles.items() if p not in keep and h[0] is None]:
         del optimizer._handles[p]
 
 
@@ -168,9 +174,8 @@ def _accept_set_to_none(cls: type) -> None:
     horovod_zero_grad = cls.zero_grad
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        before_no_sync = getattr(self, "_paraflow_handles_before_no_sync", None)
-        if before_no_sync is not None:  # after a step under no_sync, before the next forward outside it
-            _drop_no_sync_placeholders(self, before_no_sync)
+        if getattr(self, "_paraflow_stopped", False):  # passes under no_sync: nothing in flight to race
+            _drop_placeholders(self)
         if self._handles:
             horovod_zero_grad(self)  # raises: zero_grad between backward and step
         super(cls, self).zero_grad(set_to_none=set_to_none)

@@ -165,7 +165,14 @@ def test_one_process_session_wraps_with_the_options_asked_for():
         with backend.no_sync(model):
             assert all(optimizer._allreduce_delay[p] > 10**6 for p in delays)
             model(torch.ones(1, 3)).sum().backward()
-        assert optimizer._allreduce_delay == delays  # passes inside no_sync do not count
+        # DDP's meaning: the forward inside decided; reduction stays off until a forward outside
+        assert all(optimizer._allreduce_delay[p] > 10**6 for p in delays)
+        with torch.no_grad():
+            model(torch.ones(1, 3))  # evaluation decides nothing
+        assert all(optimizer._allreduce_delay[p] > 10**6 for p in delays)
+        loss = model(torch.ones(1, 3)).sum()
+        assert optimizer._allreduce_delay == delays  # passes inside no_sync did not count
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # horovod 0.28's own zero_grad refuses the keyword
         assert all(p.grad is None for p in model.parameters())
