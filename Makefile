@@ -1,4 +1,4 @@
-# make install: set up .venv (Open MPI, torch, paraflow, Horovod); make test; make bench; make docs.
+# make install: set up .venv (an MPI, torch, paraflow, Horovod; no root needed: docs/hpc.md); make test; make bench; make docs.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.paraflow-installed
@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.paraflow-installed
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh paraflow/backends/horovod/build.py
+$(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh paraflow/backends/horovod/build.py \
+		paraflow/environment/mpi_library.py
 	bash scripts/install.sh $(VENV)
 	touch $(STAMP)
 

@@ -28,7 +28,7 @@ def _check(args: argparse.Namespace) -> int:
 
         return comm_check(args)
     if args.nprocs is not None or args.backend or args.wait_timeout is not None:
-        print("paraflow check: -n, --backend and --timeout go with `paraflow check comm`.", file=sys.stderr)
+        print("paraflow check: -n, --backend and --wait-timeout go with `paraflow check comm`.", file=sys.stderr)
         return 2
     from .tools.check import main as check_main
 

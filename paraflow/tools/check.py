@@ -1,10 +1,11 @@
 """What can this machine run? The report behind ``paraflow check`` (alias ``paraflow env``).
 
-One pass over torch and its devices, torch.distributed's process groups, the MPI on PATH and
-mpi4py's, horovod's build (frameworks, controllers, tensor operations, the torch it was built
-for), the launcher that started this process, and every registered backend with the reason it
-cannot run here. :func:`collect` returns it as a dict (what ``--json`` prints); :func:`render`
-lays it out for people. Nothing here starts communication or initialises MPI in this process.
+One pass over torch and its devices, torch.distributed's process groups, the MPI on PATH, the MPI
+library that mpi4py and horovod each load (and whether they are the same one), horovod's build
+(frameworks, controllers, tensor operations, the torch it was built for), the launcher that
+started this process, and every registered backend with the reason it cannot run here.
+:func:`collect` returns it as a dict (what ``--json`` prints); :func:`render` lays it out for
+people. Nothing here starts communication or loads MPI in this process.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,24 +23,18 @@ from typing import Any, Optional
 from ..backends.horovod.info import build_report as horovod_build_report
 from ..core.placement import cores
 from ..environment.launchers import MPI_LAUNCHERS
+from ..environment.mpi_library import first_line, launcher_family, mpi4py_library, mpi_family
 from .check_report import render
 from .launch import find_tool
 
 __all__ = ["collect", "render", "main"]
-
-_MPI4PY_PROBE = """
-import json, mpi4py
-mpi4py.rc.initialize = False
-from mpi4py import MPI
-print(json.dumps({"version": mpi4py.__version__, "standard": "%d.%d" % MPI.Get_version(),
-                  "library": MPI.Get_library_version().strip()}))
-"""
 
 
 def collect() -> dict[str, Any]:
     """Everything ``paraflow check`` reports, as plain JSON-ready values."""
     from .. import __version__
 
+    horovod = horovod_build_report()
     return {
         "paraflow": {
             "version": __version__,
@@ -47,8 +43,8 @@ def collect() -> dict[str, Any]:
             "cpu_cores": cores(),
         },
         "torch": _torch(),
-        "mpi": _mpi(),
-        "horovod": horovod_build_report(),
+        "mpi": _mpi(horovod),
+        "horovod": horovod,
         "process": _process(),
         "backends": _backends(),
     }
@@ -99,32 +95,58 @@ def _torch() -> dict[str, Any]:
     }
 
 
-def _mpi() -> dict[str, Any]:
+def _mpi(horovod: dict[str, Any]) -> dict[str, Any]:
     info: dict[str, Any] = {
         "mpirun": find_tool("mpirun"),
+        "mpirun_family": None,
         "mpirun_version": None,
         "mpi4py": None,
         "mpi4py_mpi_standard": None,
         "mpi4py_library": None,
         "mpi4py_error": None,
+        "horovod_library": horovod.get("mpi_library"),
+        "mismatch": None,
     }
     if info["mpirun"]:
-        out = _run([info["mpirun"], "--version"])
-        info["mpirun_version"] = out.splitlines()[0].strip() if out else None
+        out = (_run([info["mpirun"], "--version"]) or "").strip()
+        info["mpirun_family"] = launcher_family(info["mpirun"])
+        hydra = re.search(r"Version:\s*(\S+)", out) if out.startswith("HYDRA") else None
+        info["mpirun_version"] = f"Hydra {hydra.group(1)} (MPICH)" if hydra else (out.splitlines() or [None])[0]
     if importlib.util.find_spec("mpi4py") is None:
         info["mpi4py_error"] = "mpi4py is not installed (`pip install mpi4py`)"
-        return info
-    # In a child process: importing mpi4py.MPI here would start MPI in this one.
-    out = _run([sys.executable, "-c", _MPI4PY_PROBE])
-    try:
-        probe = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError, AttributeError):
-        info["mpi4py_error"] = "mpi4py is installed but `from mpi4py import MPI` fails"
-        return info
-    info["mpi4py"] = probe["version"]
-    info["mpi4py_mpi_standard"] = probe["standard"]
-    info["mpi4py_library"] = probe["library"].splitlines()[0].split(", package:")[0].strip()
+    else:
+        # In a child process: importing mpi4py.MPI here would load MPI into this one.
+        probe = mpi4py_library()
+        if "error" in probe:
+            info["mpi4py_error"] = probe["error"]
+        else:
+            info["mpi4py"] = probe["version"]
+            info["mpi4py_mpi_standard"] = probe["standard"]
+            info["mpi4py_library"] = first_line(probe["library"])
+    info["mismatch"] = _mismatch(info)
     return info
+
+
+def _mismatch(mpi: dict[str, Any]) -> Optional[str]:
+    """Why mpi4py, horovod and mpirun would not form one job together; None when they agree."""
+    families = {
+        "mpi4py": mpi_family(mpi["mpi4py_library"]),
+        "horovod": mpi_family(mpi["horovod_library"]),
+        "mpirun": mpi["mpirun_family"],
+    }
+    known = {name: family for name, family in families.items() if family}
+    libraries = {mpi["mpi4py_library"], mpi["horovod_library"]} - {None}
+    if len(set(known.values())) <= 1 and len(libraries) <= 1:
+        return None
+    labels = {"openmpi": "Open MPI", "mpich": "MPICH"}
+    said = ", ".join(f"{name}: {labels.get(family, family)}" for name, family in known.items())
+    if len(set(known.values())) <= 1:
+        said = f"mpi4py loads {mpi['mpi4py_library']}, horovod {mpi['horovod_library']}"
+    return (
+        f"they use different MPIs ({said}): processes started by one MPI's mpirun and running another's "
+        "library each see a world of one. Reinstall with one MPI: `make install` (PARAFLOW_MPI=system or "
+        "pypi), or `paraflow build-horovod --force` after changing the MPI on PATH."
+    )
 
 
 def _process() -> dict[str, Any]:

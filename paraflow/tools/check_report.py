@@ -38,9 +38,9 @@ def render(report: dict[str, Any]) -> str:
     lines.append("")
 
     lines.append("MPI")
+    missing = "not found (apt-get install openmpi-bin libopenmpi-dev, or pip install mpich)"
     lines.append(
-        f"  mpirun     {mpi['mpirun'] or 'not found (apt-get install openmpi-bin libopenmpi-dev)'}"
-        + (f"   {mpi['mpirun_version']}" if mpi["mpirun_version"] else "")
+        f"  mpirun     {mpi['mpirun'] or missing}" + (f"   {mpi['mpirun_version']}" if mpi["mpirun_version"] else "")
     )
     if mpi["mpi4py"]:
         lines.append(
@@ -48,6 +48,10 @@ def render(report: dict[str, Any]) -> str:
         )
     else:
         lines.append(f"  mpi4py     {mpi['mpi4py_error']}")
+    if mpi.get("horovod_library"):
+        lines.append(f"  horovod    library: {mpi['horovod_library']}")
+    if mpi.get("mismatch"):
+        lines.append(f"  MISMATCH   {mpi['mismatch']}")
     lines.append("")
 
     if not hvd["installed"]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..environment.launchers import free_port, launcher_tools
+from ..environment.mpi_library import launcher_family
 from ..errors import ConfigurationError, MissingDependencyError
 
 __all__ = [
@@ -64,9 +65,18 @@ def mpirun_prefix(
     """`mpirun -np N` with the flags a run needs (root, no binding; one host: more ranks than cores).
 
     `hosts` ("h1:2,h2:2") places the ranks on those hosts' slots instead of oversubscribing this one.
+    MPICH's mpirun (Hydra, from the `mpich` wheel or a module) binds nothing, allows root and more
+    ranks than cores by itself, and passes the whole environment on: it gets `-np N` and the hosts.
     """
+    tool = _tool(
+        "mpirun",
+        "install an MPI: `apt-get install openmpi-bin libopenmpi-dev` as root, or `pip install mpich`",
+        must_exist,
+    )
+    if os.path.isabs(tool) and launcher_family(tool) == "mpich":
+        return [tool, "-np", str(nproc), *(["-hosts", hosts] if hosts else [])]
     cmd = [
-        _tool("mpirun", "install Open MPI: `apt-get install openmpi-bin libopenmpi-dev`", must_exist),
+        tool,
         "-np",
         str(nproc),
         "--bind-to",

@@ -2,7 +2,6 @@
 
 import importlib.metadata
 import json
-import shutil
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ from conftest import launch_ok, requires_horovod
 
 import paraflow
 from paraflow.tools import check
+from paraflow.tools.launch import find_tool
 
 CHECK = ["-m", "paraflow.cli", "check", "--json"]
 
@@ -36,7 +36,8 @@ def test_json_report_matches_what_torch_mpi_horovod_and_the_registry_say():
     )
 
     m = report["mpi"]
-    assert m["mpirun"] == shutil.which("mpirun")
+    assert m["mpirun"] == find_tool("mpirun")  # a PyPI MPI's, beside this Python, else the one on PATH
+    assert m["mismatch"] is None, m["mismatch"]
     try:
         assert m["mpi4py"] == importlib.metadata.version("mpi4py")
     except importlib.metadata.PackageNotFoundError:
@@ -63,6 +64,9 @@ def test_json_report_describes_the_horovod_build():
     assert h["controllers"] == {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built())}
     assert h["tensor_operations"]["nccl"] == bool(hvd.nccl_built())
     assert h["tensor_operations"]["cuda"] == bool(hvd.cuda_built())
+    # The MPI horovod loads is the one mpi4py loads (both from one install).
+    assert h["mpi_library"] and h["mpi_library"] == report["mpi"]["mpi4py_library"], report["mpi"]
+    assert all("libmpi" in path for path in h["mpi_library_paths"])
 
 
 @pytest.mark.timeout(120)

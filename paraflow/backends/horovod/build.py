@@ -4,10 +4,13 @@
 ``pip install horovod==0.28.1`` fails against torch >= 2.1: horovod asks CMake for C++14 while
 torch's headers need C++17. Here CMake runs through a small wrapper whose project-include file maps
 CMake's C++14 flag to ``-std=c++17``. The wheel is cached outside any checkout, keyed by the
-horovod, torch and Python versions, so the next install of the same combination takes seconds.
+horovod, torch and Python versions and the MPI it is built against, so the next install of the
+same combination takes seconds and a horovod built for one MPI is never installed against another.
 
-Needs a C++ compiler, CMake, Python headers and an MPI with its compiler wrappers; on Debian:
-``apt-get install g++ cmake python3-dev openmpi-bin libopenmpi-dev``.
+Needs a C++ compiler, CMake, Python headers and an MPI with its compiler wrappers. The MPI is the
+one whose ``mpicc`` sits beside the target Python (a PyPI MPI: ``pip install mpich``), else the
+one on PATH (Debian's: ``apt-get install openmpi-bin libopenmpi-dev``, or a ``module load``-ed
+one); CMake likewise (``pip install cmake`` needs no root).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
+from ...environment.mpi_library import find_mpicc, linked_library, mpi_family, wrapper_mpi
 from .imports import HOROVOD_VERSION
 
-__all__ = ["wheel_cache", "cache_key", "missing_tools", "build_and_install", "main"]
+__all__ = ["wheel_cache", "cache_key", "missing_tools", "linked_mpi_problem", "build_and_install", "main"]
 
 #: What horovod needs at run time (its install_requires) and its setup.py imports.
 RUNTIME_REQUIREMENTS = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi")
@@ -34,6 +38,8 @@ RUNTIME_REQUIREMENTS = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi")
 BUILD_REQUIREMENTS = ("setuptools", "wheel", *RUNTIME_REQUIREMENTS)
 
 _APT = {"mpicc": "openmpi-bin libopenmpi-dev", "cmake": "cmake", "c++": "g++", "Python.h": "python3-dev"}
+#: What pip installs into the target Python instead, without root.
+_PIP = {"mpicc": "mpich", "cmake": "cmake"}
 
 # CMake's C++14 flag becomes C++17 for every target (torch >= 2.1 headers need it).
 _CXX17 = (
@@ -79,14 +85,27 @@ def _python_facts(python: str) -> dict:
 
 
 def cache_key(python: str = sys.executable, version: str = HOROVOD_VERSION) -> str:
-    """``horovod-<version>-torch<torch version>-<cpXY>`` for `python`'s torch and interpreter."""
+    """``horovod-<version>-torch<torch>-<cpXY>-<MPI>`` for `python`'s torch, interpreter and MPI.
+
+    The MPI part (``openmpi4.1.4-system-<hash>``, ``mpich5.0.2-pypi-<hash>``; ``nompi`` without an
+    ``mpicc``) names the MPI family, version, where it comes from and a hash of its ``mpicc``'s path:
+    horovod links that MPI's library, and under another MPI's launcher it would run as a world of one.
+    """
     facts = _python_facts(python)
-    return f"horovod-{version}-torch{facts['torch']}-{facts['tag']}"
+    mpi = wrapper_mpi(python)
+    return f"horovod-{version}-torch{facts['torch']}-{facts['tag']}-{mpi.key if mpi else 'nompi'}"
+
+
+def _tool_path(python: str) -> str:
+    """PATH for the build: `python`'s environment's bin first, so its mpicc and cmake (PyPI) win."""
+    return os.pathsep.join([os.path.dirname(os.path.abspath(python)), os.environ.get("PATH", "")])
 
 
 def missing_tools(python: str = sys.executable) -> list[str]:
     """The build prerequisites absent here (keys of the apt package table)."""
-    missing = [tool for tool in ("mpicc", "cmake") if shutil.which(tool) is None]
+    missing = [] if find_mpicc(python) else ["mpicc"]
+    if shutil.which("cmake", path=_tool_path(python)) is None:
+        missing.append("cmake")
     if not (shutil.which("c++") or shutil.which("g++")):
         missing.append("c++")
     if not _python_facts(python)["headers"]:
@@ -109,6 +128,21 @@ def _working(info: dict, version: str) -> bool:
         and info.get("gloo")
         and info.get("built_for") == info.get("torch")
     )
+
+
+def linked_mpi_problem(python: str = sys.executable) -> Optional[str]:
+    """Why the horovod installed in `python` does not link the MPI its ``mpicc`` builds against
+    (another family, or a library outside a PyPI MPI's environment); None when it does."""
+    mpi = wrapper_mpi(python)
+    linked = linked_library("horovod.torch", python)
+    if mpi is None or not linked.get("library"):
+        return None
+    family = mpi_family(linked["library"])
+    environment = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    outside = mpi.source == "pypi" and not any(p.startswith(environment + os.sep) for p in linked["paths"])
+    if (family and family != mpi.family) or outside:
+        return f"it loads {', '.join(linked['paths'])}, while this environment's MPI is {mpi.describe()}"
+    return None
 
 
 def _cmake_wrapper(workdir: Path, cmake: str) -> Path:
@@ -136,7 +170,8 @@ def build_wheel(python: str, directory: Path, version: str = HOROVOD_VERSION) ->
     with tempfile.TemporaryDirectory(prefix="paraflow-horovod-") as tmp:
         env = {
             **os.environ,
-            "HOROVOD_CMAKE": str(_cmake_wrapper(Path(tmp), shutil.which("cmake"))),
+            "PATH": _tool_path(python),
+            "HOROVOD_CMAKE": str(_cmake_wrapper(Path(tmp), shutil.which("cmake", path=_tool_path(python)))),
             "CMAKE_POLICY_VERSION_MINIMUM": "3.5",  # gloo's old cmake_minimum_required
             "HOROVOD_WITH_PYTORCH": "1",
             "HOROVOD_WITH_GLOO": "1",
@@ -176,10 +211,14 @@ def build_and_install(python: str = sys.executable, force: bool = False, version
     """
     before = probe(python)
     if _working(before, version) and not force:
-        print(
-            f"horovod {version} is already installed for torch {before['torch']} (MPI and gloo); `--force` rebuilds it"
-        )
-        return 0
+        other_mpi = linked_mpi_problem(python)
+        if other_mpi is None:
+            print(
+                f"horovod {version} is already installed for torch {before['torch']} (MPI and gloo); "
+                "`--force` rebuilds it"
+            )
+            return 0
+        print(f"reinstalling horovod: {other_mpi}", flush=True)
     directory = wheel_cache() / cache_key(python, version)
     cached = sorted(directory.glob(f"horovod-{version}-*.whl"))
     if cached and not force:
@@ -189,14 +228,19 @@ def build_and_install(python: str = sys.executable, force: bool = False, version
         missing = missing_tools(python)
         if missing:
             packages = " ".join(_APT[m] for m in missing)
+            hint = ""
+            if set(missing) <= set(_PIP):
+                hint = f", or without root: `{python} -m pip install {' '.join(_PIP[m] for m in missing)}`"
             print(
                 f"error: building horovod needs {', '.join(missing)}, missing here. Install them "
-                f"first: `apt-get install {packages}` (as root or with sudo), then run this again.",
+                f"first: `apt-get install {packages}` (as root or with sudo){hint}, then run this again.",
                 file=sys.stderr,
             )
             return 1
+        mpi = wrapper_mpi(python)
         print(
-            f"building horovod {version} for this torch (a few minutes, once); the wheel is kept in {directory}",
+            f"building horovod {version} for this torch against {mpi.describe() if mpi else 'no MPI'} "
+            f"(a few minutes, once); the wheel is kept in {directory}",
             flush=True,
         )
         for old in cached:
@@ -205,6 +249,10 @@ def build_and_install(python: str = sys.executable, force: bool = False, version
     _pip(python, "install", "-q", "--force-reinstall", "--no-deps", str(wheel))
     _pip(python, "install", "-q", *RUNTIME_REQUIREMENTS)
     after = probe(python)
+    problem = linked_mpi_problem(python) if _working(after, version) else None
+    if problem:
+        print(f"error: horovod from {wheel} does not use this environment's MPI: {problem}", file=sys.stderr)
+        return 1
     if not _working(after, version):
         print(
             f"error: horovod still does not work after installing {wheel}: {after}. "

@@ -1,5 +1,5 @@
 """What horovod build is installed here: version, the torch it was built for, frameworks,
-controllers and tensor operations (for ``paraflow check``), and a one-line summary (for the
+controllers, tensor operations and the MPI library it loads (for ``paraflow check``), and a one-line summary (for the
 benchmark header)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 import os
 from typing import Any, Optional
 
+from ...environment.mpi_library import first_line, linked_library
 from .imports import horovod_missing_reason
 
 __all__ = ["build_report", "summary"]
@@ -27,6 +28,8 @@ def build_report() -> dict[str, Any]:
         "frameworks": {},
         "controllers": {},
         "tensor_operations": {},
+        "mpi_library": None,
+        "mpi_library_paths": [],
     }
     if spec is None:
         info["reason"] = horovod_missing_reason()
@@ -57,6 +60,10 @@ def build_report() -> dict[str, Any]:
             "cuda": bool(hvd.cuda_built()),
             "rocm": bool(hvd.rocm_built()),
         }
+        # In a child process: the MPI library horovod's extension loads (never started here).
+        linked = linked_library("horovod.torch")
+        info["mpi_library"] = first_line(linked.get("library"))
+        info["mpi_library_paths"] = linked.get("paths", [])
     return info
 
 

@@ -213,6 +213,7 @@ def check_horovod_world(hvd, env: ProcessEnvironment) -> None:
         raise LauncherError(
             f"{env.launcher} says this is rank {env.rank} of {env.world_size}, but horovod "
             f"started as rank {hvd.rank()} of {hvd.size()}: its MPI library does not belong to "
-            f"this launcher (horovod here was built against another MPI). Launch with "
-            f"{launch_commands(env.world_size)}."
+            f"this launcher (horovod here was built against another MPI; `paraflow check` names the "
+            f"MPI horovod and mpi4py load). Launch with {launch_commands(env.world_size)} from that "
+            "MPI, or rebuild horovod against this one: `paraflow build-horovod --force` with its mpicc first on PATH."
         )

@@ -297,18 +297,21 @@ def test_gloo_interface_towards_this_host_is_loopback():
 # ---------------------------------------------------------------- the build command
 
 
-def test_build_cache_key_names_horovod_torch_and_python():
+def test_build_cache_key_names_horovod_torch_python_and_the_mpi():
     from paraflow.backends.horovod.build import cache_key
+    from paraflow.environment.mpi_library import wrapper_mpi
 
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    assert cache_key(sys.executable) == f"horovod-0.28.1-torch{torch.__version__.split('+')[0]}-{tag}"
+    mpi = wrapper_mpi(sys.executable)
+    expected = f"horovod-0.28.1-torch{torch.__version__.split('+')[0]}-{tag}-{mpi.key if mpi else 'nompi'}"
+    assert cache_key(sys.executable) == expected
 
 
 def test_build_without_compilers_says_what_to_apt_get_first(monkeypatch, tmp_path, capsys):
     import paraflow.backends.horovod.build as build
 
     monkeypatch.setenv("PARAFLOW_WHEEL_CACHE", str(tmp_path))
-    monkeypatch.setattr(build.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(build.shutil, "which", lambda tool, path=None: None)
     monkeypatch.setattr(build, "probe", lambda python: {"version": None})  # as if horovod were absent
     monkeypatch.setattr(build, "build_wheel", lambda *a: pytest.fail("must not start a build"))
     assert build.build_and_install(sys.executable) == 1
