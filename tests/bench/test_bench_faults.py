@@ -100,7 +100,7 @@ def test_a_wide_cell_is_launched_again_up_to_max_repeat(tmp_path, rank_env):
     (line,) = [x for x in progress.getvalue().splitlines() if x.startswith("[extra: intervals still wide]")]
     minutes, seconds = line.split()[4].split(":")
     assert 60 * int(minutes) + int(seconds) >= int(sum(c["elapsed_s"] for c in results["cells"][:2])), line
-    assert line.endswith("launch 3") and " left" not in line, line
+    assert " · launch 3 · ok (" in line and " left" not in line, line
     assert all(c["status"] == "ok" for c in results["cells"])
     assert results["header"]["extra_launches"]["cells"] == {"single-python-1": 1}
     (row,) = results["tables"]["training"]

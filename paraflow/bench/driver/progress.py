@@ -48,7 +48,7 @@ class LaunchProgress:
         return typical * max(0, self.total - self.done)
 
     def _where(self, label: str, heading: Optional[str], launch: int) -> str:
-        left = self.remaining()
+        left = None if heading else self.remaining()  # an extra launch: no plan to count down
         eta = "" if left is None else f", ~{clock(left)} left"
         place = heading or f"[{launch:>{len(str(self.total))}}/{self.total}]"
         return f"{place} {clock(self.elapsed())} elapsed{eta} · {label}"
