@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
 import re
 import sys
 from pathlib import Path
@@ -131,7 +132,15 @@ def cli_page(parser: Optional[argparse.ArgumentParser] = None) -> str:
         " (`paraflow SUBCOMMAND --help` prints the same).",
         "",
     ]
-    lines += _parser_section([parser.prog], [], None, parser)
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"  # argparse wraps usage lines to the terminal: the page must not depend on it
+    try:
+        lines += _parser_section([parser.prog], [], None, parser)
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
     return "\n".join(lines)
 
 

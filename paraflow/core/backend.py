@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
+import weakref
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
@@ -116,6 +117,8 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self.check_collectives = debug_enabled() if check_collectives is None else bool(check_collectives)
         self._stall: Optional[StallWatch] = None
         self._micro_batches = 0
+        self._optimizer_refs: list = []  # weak references to what wrap_optimizer returned
+        self._scalers: weakref.WeakSet = weakref.WeakSet()  # enabled scalers grad_scaler() made
         self.env: Optional[ProcessEnvironment] = None
         self.device = torch.device("cpu")
         self._initialized = False
@@ -249,7 +252,13 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         """Return an optimizer whose step sees synchronised gradients (unchanged by default).
 
         `model` is optional on every backend (horovod names gradients after it when given).
+        Every backend's optimizer has horovod's ``synchronize()`` and ``skip_synchronize()``;
+        here, where backward has reduced the gradients already, they do nothing.
         """
+        if not hasattr(optimizer, "synchronize"):
+            optimizer.synchronize = _already_synchronized
+        if not hasattr(optimizer, "skip_synchronize"):
+            optimizer.skip_synchronize = contextlib.nullcontext
         self._mark_optimizer(optimizer)
         return optimizer
 
@@ -289,7 +298,8 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         return model
 
     def _mark_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Let the stall report see the end of each ``optimizer.step()``."""
+        """Let the stall report see the end of each ``optimizer.step()``; clipping finds it here."""
+        self._optimizer_refs = [r for r in self._optimizer_refs if r() is not None] + [weakref.ref(optimizer)]
         if self._activity is not None:
             attach_step_marker(self._activity, optimizer)
 
@@ -306,3 +316,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
 
     def _not_initialized(self) -> NotInitializedError:
         return NotInitializedError(f"backend {self.name!r} is not initialised (or was shut down); call init() first.")
+
+
+def _already_synchronized() -> None:
+    """``optimizer.synchronize()`` where backward reduces the gradients: nothing left to do."""

@@ -12,10 +12,11 @@ import functools
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, ContextManager, Optional
 
+import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..training.precision import GradScaler, autocast
+from ..training.precision import GradScaler, autocast, unscale_once
 from ..training.sampler import ShardSampler
 from ..training.shard_check import watch_epoch
 
@@ -26,6 +27,8 @@ class TrainingFeatures:
     """Accumulation, autocast, loss scaling, join, sampler, save, load and export for :class:`Backend`."""
 
     _micro_batches = 0
+    _optimizer_refs: tuple = ()
+    _scalers: Any = ()
 
     @contextlib.contextmanager
     def accumulate(self, model: nn.Module) -> Iterator[bool]:
@@ -45,6 +48,66 @@ class TrainingFeatures:
         """What :meth:`accumulate` enters on micro-batches that must not communicate."""
         return self.no_sync(model)
 
+    # ---------------------------------------------------------------- gradient clipping
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the synchronised gradients of `model` to a total norm of `max_norm`; return that norm.
+
+        Call it between ``backward()`` and ``optimizer.step()``, as torch's
+        ``clip_grad_norm_``. It clips the gradients the optimizer will apply, on every backend:
+        horovod finishes its allreduce first (the step then does not reduce again), fsdp sums
+        the norm over every rank's shards, and with ``precision="fp16"`` the scaler from
+        :meth:`grad_scaler` unscales first. The total norm (a tensor, ``inf`` allowed as
+        `norm_type`) is the same on every rank and on every backend for the same global batch
+        (:mod:`paraflow.training.clipping`).
+        """
+        from ..training.clipping import check_clip_value, check_norm_type, clip_by_norm_, local_gradient, total_norm
+
+        max_norm = check_clip_value("max_norm", max_norm)
+        norm_type = check_norm_type(norm_type)
+        with self._marked("clip_grad_norm_"):
+            grads = self._synchronised_gradients(model)
+            power = self._gradient_norm_power(grads, norm_type)
+            dtypes = {g.dtype for g in grads}
+            total = total_norm(power, norm_type, dtypes.pop() if len(dtypes) == 1 else torch.float32)
+            clip_by_norm_([local_gradient(g) for g in grads], max_norm, total)
+        return total
+
+    def clip_grad_value_(self, model: nn.Module, clip_value: float) -> None:
+        """Clamp every synchronised gradient entry of `model` to ``[-clip_value, clip_value]``.
+
+        Between ``backward()`` and ``optimizer.step()``, as :meth:`clip_grad_norm_` (horovod
+        reduces first, the fp16 scaler unscales first).
+        """
+        from ..training.clipping import check_clip_value, local_gradient
+
+        clip_value = check_clip_value("clip_value", clip_value)
+        with self._marked("clip_grad_value_"):
+            for grad in self._synchronised_gradients(model):
+                local_gradient(grad).clamp_(min=-clip_value, max=clip_value)
+
+    def _synchronised_gradients(self, model: nn.Module) -> list:
+        """`model`'s gradients once reduced across ranks and unscaled: what the next step applies."""
+        self._synchronize_gradients(model)
+        params = {id(p) for p in model.parameters()}
+        optimizers = [o for o in self._wrapped_optimizers() if any(id(p) in params for p in _parameters(o))]
+        for scaler in list(self._scalers):
+            for optimizer in optimizers:
+                unscale_once(scaler, optimizer)
+        return [p.grad for p in model.parameters() if p.grad is not None]
+
+    def _synchronize_gradients(self, model: nn.Module) -> None:
+        """Finish reducing `model`'s gradients now (nothing to do where backward reduced them)."""
+
+    def _gradient_norm_power(self, grads: list, norm_type: float) -> torch.Tensor:
+        """Σ ‖g‖ᵖ over `grads` (max for inf) in float64, over all ranks' shards where they are sharded."""
+        from ..training.clipping import norm_power
+
+        return norm_power(grads, norm_type, grads[0].device if grads else self.device)
+
+    def _wrapped_optimizers(self) -> list:
+        """The optimizers wrap_optimizer returned that are still alive."""
+        return [o for o in (ref() for ref in self._optimizer_refs) if o is not None]
+
     def autocast(self) -> ContextManager:
         """torch.autocast to this backend's ``precision`` on its device; a no-op for fp32."""
         return autocast(self.precision, self.device)
@@ -56,7 +119,10 @@ class TrainingFeatures:
         ``scaler.step(optimizer)``, ``scaler.update()``; its ``state_dict`` goes in checkpoints.
         `kwargs` go to ``torch.amp.GradScaler`` (init_scale, growth_interval, ...).
         """
-        return GradScaler(self.device.type, enabled=self.precision == "fp16", **kwargs)
+        scaler = GradScaler(self.device.type, enabled=self.precision == "fp16", **kwargs)
+        if scaler.is_enabled():
+            self._scalers.add(scaler)  # clip_grad_norm_ unscales with it
+        return scaler
 
     def join(self, model: nn.Module, *stateful: Any, enable: bool = True) -> ContextManager:
         """Context around a training loop whose ranks may run different numbers of batches.
@@ -131,7 +197,8 @@ class TrainingFeatures:
         """
         from ..training.checkpoint import save_checkpoint
 
-        save_checkpoint(self, path, state)
+        with self._marked("export"):
+            save_checkpoint(self, path, state)
 
     def _state_to_save(self, state: Mapping[str, Any]) -> dict:
         """`state` as a full checkpoint stores it; called on every rank, rank 0's result is written.
@@ -147,3 +214,7 @@ class TrainingFeatures:
         from ..training.checkpoint import restore_state
 
         return restore_state(self, state, saved, path)
+
+
+def _parameters(optimizer: torch.optim.Optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]

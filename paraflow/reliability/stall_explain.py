@@ -13,7 +13,7 @@ from typing import Optional
 __all__ = ["compose_report", "likely_causes", "COLLECTIVE_CALLS"]
 
 #: Paraflow calls every rank must make together.
-COLLECTIVE_CALLS = ("allreduce", "broadcast", "allgather", "barrier", "save", "load")
+COLLECTIVE_CALLS = ("allreduce", "broadcast", "allgather", "barrier", "save", "load", "export")
 _TRAINING = ("forward", "backward", "optimizer.step", "idle")
 
 

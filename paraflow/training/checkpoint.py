@@ -8,7 +8,8 @@ then reads the file itself (so the path must be on a file system every rank sees
 own device.
 
 Models are stored unwrapped (``backend.unwrap(model).state_dict()``), so a checkpoint written
-under one backend loads under any other. Each rank's RNG states (torch CPU, CUDA, Python,
+under one backend loads under any other; fsdp's sharded checkpoint directories load too, read
+whole (:mod:`paraflow.training.checkpoint_sharded`). Each rank's RNG states (torch CPU, CUDA, Python,
 NumPy) are stored too and restored on load. Every byte is covered by a CRC-32 written with the
 file and verified before it is loaded (:mod:`paraflow.training.checksum`).
 """
@@ -31,6 +32,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigurationError
 from ..reliability.translation import collective_errors
 from .checkpoint_reader import read_checkpoint
+from .checkpoint_sharded import read_sharded_checkpoint
 from .checksum import write_with_checksum
 from .object_collectives import allgather_objects
 
@@ -242,7 +244,8 @@ def load_checkpoint(
 
     Args:
         backend: the initialised backend.
-        path: a file written by `save_checkpoint`, under any backend.
+        path: a file written by `save_checkpoint` under any backend, or the directory fsdp's
+            sharded ``backend.save`` wrote (read whole on each rank, no process group needed).
         state: names mapped to the objects to restore in place (module, optimizer, scaler,
             sampler); for plain values (epoch, step) the mapping's entry is replaced.
             Every name must be in the checkpoint.
@@ -267,13 +270,10 @@ def _load(backend: Any, path: str, state: Optional[MutableMapping[str, Any]], re
     checkpoint: Optional[dict] = None
     error: Optional[BaseException] = None
     try:
-        if os.path.isdir(path):
-            raise IsADirectoryError(
-                f"{path} is a directory, a sharded checkpoint (written by backend.save under fsdp); load it "
-                "with --backend fsdp (any number of ranks), or write a full file there with "
-                "backend.export(path, state) (train.py --export PATH) and load that"
-            )
-        checkpoint, verified = read_checkpoint(path, backend.device, backend.rank, restore_rng)
+        if os.path.isdir(path):  # fsdp's sharded checkpoint, read whole
+            checkpoint, verified = read_sharded_checkpoint(path, backend.device, backend.rank, restore_rng), True
+        else:
+            checkpoint, verified = read_checkpoint(path, backend.device, backend.rank, restore_rng)
     except Exception as exc:
         error = exc
     failed = _agree(backend, error is None)

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import ConfigurationError
 
-__all__ = ["PRECISIONS", "check_precision", "check_precision_on", "autocast", "GradScaler"]
+__all__ = ["PRECISIONS", "check_precision", "check_precision_on", "autocast", "GradScaler", "unscale_once"]
 
 #: "fp32": no autocast; "bf16": autocast to bfloat16; "fp16": autocast to float16 with loss scaling.
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -61,3 +61,13 @@ class GradScaler(torch.amp.GradScaler):
             return super().step(optimizer, *args, **kwargs)
         with optimizer.skip_synchronize():  # torch's step calls our unscale_, which reduced
             return super().step(optimizer, *args, **kwargs)
+
+
+def unscale_once(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+    """``scaler.unscale_(optimizer)`` unless it ran since the last ``update()`` or nothing was scaled yet."""
+    from torch.amp.grad_scaler import OptState
+
+    if not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
+        return
+    if scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY:
+        scaler.unscale_(optimizer)

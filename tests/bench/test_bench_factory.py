@@ -110,3 +110,16 @@ def test_a_gpt2_from_a_config_trains_a_step():
 
 def test_the_tests_never_import_torchvision():
     assert "torchvision" not in sys.modules
+
+
+def test_ranks_get_the_shape_classes_and_the_current_directory(tmp_path, monkeypatch):
+    from paraflow.bench.driver.matrix import Cell
+    from paraflow.bench.driver.runner import cell_env, worker_args
+
+    config = BenchConfig(models=["bench_factories:bare"], input_shape=(3, 8, 8), classes=5, plots=False)
+    cell = Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models))
+    args = worker_args(cell, config, tmp_path)
+    assert args[args.index("--input-shape") + 1] == "3,8,8" and args[args.index("--classes") + 1] == "5"
+    assert args[args.index("--model") + 1] == "bench_factories:bare"
+    monkeypatch.chdir(tmp_path)
+    assert str(tmp_path) in cell_env(cell, timeout=60)["PYTHONPATH"].split(":")

@@ -46,6 +46,17 @@ def test_a_headline_names_both_sides_the_interval_and_the_fastest():
     assert line.endswith("fastest here: ddp-gloo·torchrun = horovod·mpirun (within noise of each other)")
 
 
+def test_alone_at_its_process_count_it_is_set_against_single():
+    alone = entry(slower=[], fastest=["horovod · mpirun"])
+    row = {"model": "resnet", "backend": "horovod", "launcher": "mpirun", "processes": 2, "scaling": "weak"}
+    row.update(scaling_efficiency=0.45, scaling_efficiency_low=0.4, scaling_efficiency_high=0.5)
+    assert headlines([alone], [row]) == [
+        "resnet, 2 processes: horovod·mpirun only; 0.90× [0.80, 1.00] the throughput of single·python (1 process): "
+        "scaling efficiency 45%"
+    ]
+    assert headline(alone).endswith("horovod·mpirun only, nothing to compare with here")
+
+
 def test_one_headline_per_model_at_its_largest_process_count():
     lines = headlines([entry(processes=1), entry(), entry(model="gpt", processes=2), entry(tuned=True, processes=4)])
     assert len(lines) == 2 and lines[0].startswith("resnet, 2 processes") and lines[1].startswith("gpt, 2 processes")

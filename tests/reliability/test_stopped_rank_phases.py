@@ -124,3 +124,17 @@ def _cases():
 def test_a_rank_stopped_in_a_phase_ends_every_wait_with_a_timeout_naming_it(backend, launcher, phase, tmp_path):
     message = check_phase(backend, launcher, phase, tmp_path)
     assert f"timeout of {TIMEOUT_S} s" in message
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_stopped_in_the_middle_of_an_fsdp_save_is_named_by_the_stall_report(tmp_path):
+    result, stopped_at, gone, seen = watch_launch("fsdp", "torchrun", "save", tmp_path)
+    assert stopped_at is not None, f"rank 1 never stopped:\n{result.stdout}\n{result.stderr[-3000:]}"
+    reports = re.findall(r"paraflow stall: seen from rank 0 of 2.*?(?=\n\S|\Z)", result.stderr, re.DOTALL)
+    assert reports, f"no stall report from rank 0:\n{result.stderr[-4000:]}"
+    assert "rank 0: in save at phases.py" in reports[0] and "rank 1 sent no record" in reports[0], reports[0]
+    raised = [e for e in events(result.stdout) if e.get("rank") == 0 and e.get("error")]
+    assert raised and raised[0]["error"] == "CheckpointError", raised or result.stderr[-4000:]
+    assert result.returncode != 0 and 0 in gone
+    assert gone[0] - stopped_at <= GONE_WITHIN_S, f"rank 0 was gone {gone[0] - stopped_at:.1f} s after the stop"
+    assert not [pid for pid in seen.values() if alive(pid)], "a rank outlived its launcher"

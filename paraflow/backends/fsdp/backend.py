@@ -9,9 +9,10 @@ collectives are the shared torch.distributed ones (:class:`TorchDistributedBacke
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import weakref
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any, ContextManager, Optional
 
 import torch
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ...errors import ConfigurationError
+from ...training.no_sync import forward_decided_sync
 from ..torch_distributed import TorchDistributedBackend
 from .full_state import (
     full_model_state,
@@ -173,12 +175,37 @@ class FSDPBackend(TorchDistributedBackend):
         return model
 
     def no_sync(self, model: nn.Module) -> ContextManager:
-        """FSDP's gradient-sync switch off: gradients accumulate unsharded on each rank, uncommunicated."""
+        """FSDP's gradient-sync switch off for backward passes inside, and for those of forwards
+        run inside (DDP's meaning, :mod:`paraflow.training.no_sync`): gradients accumulate
+        unsharded on each rank, uncommunicated, until the backward of a forward outside."""
         from torch.distributed.fsdp import FSDPModule
 
         if not isinstance(model, FSDPModule):
             raise ConfigurationError("no_sync needs the model returned by wrap_model (a sharded module).")
-        return _gradient_sync_off(model)
+
+        def stop() -> None:
+            model.set_requires_gradient_sync(False)
+
+        def resume(_: Any) -> None:
+            model.set_requires_gradient_sync(True)
+
+        return forward_decided_sync(model, stop, resume, owner=self).context()
+
+    def _gradient_norm_power(self, grads: list, norm_type: float) -> torch.Tensor:
+        """Each rank's shards' Σ ‖g‖ᵖ, summed over ranks (max for inf); whole gradients added once."""
+        from torch.distributed.tensor import DTensor
+
+        from ...training.clipping import norm_power
+
+        sharded = [isinstance(g, DTensor) and any(p.is_shard() for p in g.placements) for g in grads]
+        shards = [g.to_local() for g, s in zip(grads, sharded) if s]
+        whole = [g.to_local() if isinstance(g, DTensor) else g for g, s in zip(grads, sharded) if not s]
+        inf = math.isinf(norm_type)
+        power = self.allreduce(norm_power(shards, norm_type, self.device), op="max" if inf else "sum")
+        if not whole:
+            return power
+        rest = norm_power(whole, norm_type, self.device)
+        return torch.maximum(power, rest) if inf else power + rest
 
     def join(self, model: nn.Module, *stateful: Any, enable: bool = True) -> ContextManager:
         """Refused when enabled: every rank must run every forward under fsdp."""
@@ -195,18 +222,21 @@ class FSDPBackend(TorchDistributedBackend):
         """Write a sharded checkpoint (a directory, each rank its own shards), committed atomically.
 
         With ``async_save=True`` it returns once the shards are staged in memory. Any number of
-        fsdp ranks can load it; :meth:`export` writes the full file other backends load.
+        fsdp ranks can load it, resharded; ddp, horovod and single load it too, read whole. For
+        one full file instead, :meth:`export`.
         """
-        reshard(state.values())
-        self._checkpointer.save(path, state, self.async_save)
+        with self._marked("save"):  # a wait on a missing rank shows in the stall report
+            reshard(state.values())
+            self._checkpointer.save(path, state, self.async_save)
 
     def load(self, path: str, state: Optional[MutableMapping[str, Any]] = None) -> dict:
         """Restore `state` from a sharded checkpoint directory or a full file of any backend."""
-        reshard((state or {}).values())
-        if os.path.isdir(path):
-            return self._checkpointer.load(path, state)
-        self._checkpointer.wait()
-        return super().load(path, state)
+        with self._marked("load"):
+            reshard((state or {}).values())
+            if os.path.isdir(path):
+                return self._checkpointer.load(path, state)
+            self._checkpointer.wait()
+            return super().load(path, state)
 
     def export(self, path: str, state: Mapping[str, Any]) -> None:
         """Gather the shards into one full checkpoint file, as ddp, horovod and single write it."""
@@ -267,12 +297,3 @@ class FSDPBackend(TorchDistributedBackend):
         finally:
             self._mesh = None
             super()._shutdown()
-
-
-@contextlib.contextmanager
-def _gradient_sync_off(model: nn.Module) -> Iterator[None]:
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)

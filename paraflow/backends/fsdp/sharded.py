@@ -10,7 +10,8 @@ shards and rank 0 the metadata does rank 0 replace ``current`` (``atomic_write``
 killed rank before that leaves the previous version current and loadable; the next committed
 save removes versions left behind. DCP reshards on load, so any number of ranks reads it.
 ``paraflow.pt`` (rank 0) holds what is not sharded: every rank's RNG states, plain entries
-(epoch, step), small state dicts (scaler, sampler) and which entries DCP holds.
+(epoch, step), small state dicts (scaler, sampler) and which entries DCP holds. Other backends
+read it whole (:mod:`paraflow.training.checkpoint_sharded`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Optional
 import torch
 
 from ...errors import CheckpointError, ConfigurationError
+from ...reliability.stall import stall_facts
 from ...training.checkpoint import (
     _agree,
     atomic_write,
@@ -34,26 +36,11 @@ from ...training.checkpoint import (
     restore_state,
     state_to_save,
 )
+from ...training.checkpoint_sharded import EXTRAS, POINTER, committed_version
 from ...training.object_collectives import allgather_objects, broadcast_object
 from .full_state import is_sharded, keep_tuples
 
 __all__ = ["ShardedCheckpointer", "POINTER", "EXTRAS", "committed_version"]
-
-POINTER = "current"
-EXTRAS = "paraflow.pt"
-
-
-def committed_version(path: str) -> str:
-    """The directory of `path`'s committed version; CheckpointError if there is none."""
-    pointer = os.path.join(path, POINTER)
-    try:
-        with open(pointer) as f:
-            version = f.read().strip()
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"{path} holds no committed sharded checkpoint (no {POINTER} file): no save into it finished."
-        ) from None
-    return os.path.join(path, version)
 
 
 def _write_extras(directory: str, extras: dict) -> Optional[BaseException]:
@@ -131,7 +118,9 @@ class ShardedCheckpointer:
         try:
             dcp.save(sharded, checkpoint_id=directory)
         except _failures() as exc:  # DCP gathers every rank's failure, so all ranks raise together
-            raise CheckpointError(f"could not write sharded checkpoint {directory}: {_cause(exc)}{_PREVIOUS}") from exc
+            raise CheckpointError(
+                f"could not write sharded checkpoint {directory}: {_cause(exc)}{_PREVIOUS}.{stall_facts(b)}"
+            ) from exc
         error: Optional[BaseException] = None
         if b.is_main:
             try:

@@ -82,9 +82,12 @@ def choose_blocks(model: nn.Module, blocks: Optional[tuple], min_block_params: i
             parameters that no block inside it took.
         min_block_params: the size threshold of the automatic choice.
 
+    A container without forward (ModuleList, ModuleDict) is never a block: where the automatic
+    choice would take one, it takes the modules inside it instead.
+
     Raises:
         ConfigurationError: a class named in `blocks` does not occur in `model` (the message
-            lists the classes that do).
+            lists the classes that do), or is a container without forward.
     """
     if blocks is not None:
         present = {type(m).__name__ for m in model.modules()}
@@ -94,8 +97,16 @@ def choose_blocks(model: nn.Module, blocks: Optional[tuple], min_block_params: i
                 f"blocks names {', '.join(missing)}, not found in this {type(model).__name__}; "
                 f"its module classes are: {', '.join(sorted(present))}."
             )
+        containers = [m for m in model.modules() if type(m).__name__ in blocks and not _has_forward(m)]
+        if containers:
+            inside = sorted({type(u).__name__ for c in containers for u in _units_inside(c, set())})
+            raise ConfigurationError(
+                f"blocks names {', '.join(sorted({type(c).__name__ for c in containers}))}, a container without "
+                f"forward; fully_shard shards modules that run forward. Name the classes inside it instead: "
+                f"blocks={','.join(inside)!r}."
+            )
     taken: set = set()
-    chosen = []
+    chosen: list = []
     for module in _post_order(model, set()):
         free = [p for p in module.parameters() if id(p) not in taken]
         if not free:
@@ -105,9 +116,27 @@ def choose_blocks(model: nn.Module, blocks: Optional[tuple], min_block_params: i
         else:
             wanted = isinstance(module, BLOCK_CLASSES) or sum(p.numel() for p in free) >= min_block_params
         if wanted:
-            chosen.append(module)
-            taken.update(id(p) for p in free)
+            units = [module] if _has_forward(module) else _units_inside(module, taken)
+            chosen.extend(units)
+            for unit in units:
+                taken.update(id(p) for p in unit.parameters())
     return chosen
+
+
+def _has_forward(module: nn.Module) -> bool:
+    """Whether `module` implements forward (ModuleList and ModuleDict do not)."""
+    return type(module).forward is not nn.Module.forward
+
+
+def _units_inside(container: nn.Module, taken: set) -> list:
+    """The modules with forward to shard in place of `container`: its children holding parameters
+    no block took, looking through nested containers (nanoGPT's blocks in a ModuleList)."""
+    units = []
+    for child in container.children():
+        if not any(id(p) not in taken for p in child.parameters()):
+            continue
+        units.extend([child] if _has_forward(child) else _units_inside(child, taken))
+    return units
 
 
 def mixed_precision_policy(precision: str, compression: str, param_dtype: torch.dtype):

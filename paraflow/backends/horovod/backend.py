@@ -21,9 +21,10 @@ from ...core.options import check_one_of
 from ...environment.launchers import ProcessEnvironment
 from ...environment.scoped_env import ScopedEnv
 from ...errors import ConfigurationError
+from ...training.no_sync import forward_decided_sync
 from .collectives import HorovodCollectives
 from .imports import horovod_missing_reason, import_horovod
-from .optimizer import distributed_optimizer, skip_gradient_allreduce
+from .optimizer import distributed_optimizer, resume_gradient_allreduce, stop_gradient_allreduce
 from .start import check_horovod_world, choose_controller, note_mpi_shut_down, set_knobs, start_gloo, start_mpi
 
 __all__ = ["HorovodBackend", "HOROVOD_OPTIONS", "COMPRESSIONS", "REDUCE_OPS", "CONTROLLERS"]
@@ -246,16 +247,32 @@ class HorovodBackend(HorovodCollectives, Backend):
         return wrapped
 
     def no_sync(self, model: nn.Module) -> ContextManager:
-        """Backward passes inside accumulate gradients locally; the next one outside averages them.
+        """Backward passes inside, and those of forwards run inside, accumulate gradients locally.
 
-        Same result as DDP's ``no_sync``: horovod's gradient hooks count backward passes per
-        parameter and communicate when the count reaches zero; inside this context the counts are
-        lifted out of reach, and restored on leaving, so those passes neither communicate nor count.
+        Same meaning as DDP's ``no_sync``: the forward decides, so the backward may run after
+        leaving the context; the next backward of a forward outside averages what accumulated.
+        Horovod's gradient hooks count backward passes per parameter and reduce when the count
+        reaches zero; while reduction is off the counts are lifted out of reach, and restored at
+        the next forward outside, so those passes neither communicate nor count
+        (:mod:`paraflow.training.no_sync`).
         """
         self._horovod()
         params = {id(p) for p in model.parameters()}
-        optimizers = [o for o in self._optimizers if any(id(p) in params for p in o._allreduce_delay)]
-        return skip_gradient_allreduce(optimizers)
+
+        def stop() -> list:
+            return stop_gradient_allreduce(self._optimizers_over(params))
+
+        return forward_decided_sync(model, stop, resume_gradient_allreduce, owner=self).context()
+
+    def _optimizers_over(self, params: set) -> list:
+        """The DistributedOptimizers stepping any of `params` (given by id)."""
+        return [o for o in self._optimizers if any(id(p) in params for p in o._allreduce_delay)]
+
+    def _synchronize_gradients(self, model: nn.Module) -> None:
+        """Finish the gradient allreduces of `model`'s optimizers now; their next step reduces nothing."""
+        self._horovod()
+        for optimizer in self._optimizers_over({id(p) for p in model.parameters()}):
+            optimizer.synchronize()
 
     def _skip_gradient_sync(self, model: nn.Module) -> ContextManager:
         """Nothing to skip: ``accumulation_steps`` is horovod's ``backward_passes_per_step``."""

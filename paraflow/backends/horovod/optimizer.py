@@ -9,8 +9,6 @@ allreduce when a parameter's backward-pass count reaches ``backward_passes_per_s
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
@@ -18,7 +16,7 @@ from torch import nn
 
 from ...errors import ConfigurationError
 
-__all__ = ["distributed_optimizer", "skip_gradient_allreduce", "GRADIENT_OPS"]
+__all__ = ["distributed_optimizer", "stop_gradient_allreduce", "resume_gradient_allreduce", "GRADIENT_OPS"]
 
 GRADIENT_OPS = {"average": "Average", "sum": "Sum", "adasum": "Adasum"}
 # Added to every gradient's pass counter inside no_sync, so horovod's hooks never reach zero there.
@@ -103,6 +101,8 @@ def _bound_gradient_sync(backend: Any, optimizer: torch.optim.Optimizer) -> None
     errors, bounded = backend.horovod_errors(what), backend.bounded(what)
 
     def bounded_synchronize() -> None:
+        if optimizer._synchronized and not optimizer._handles:
+            return  # reduced already, and no backward pass since: a second allreduce would average again
         activity = backend._activity  # what backend._marked("optimizer.step") does, inline
         if activity is not None:
             activity.enter("optimizer.step")
@@ -114,22 +114,53 @@ def _bound_gradient_sync(backend: Any, optimizer: torch.optim.Optimizer) -> None
                 activity.leave("optimizer.step")
 
     optimizer.synchronize = bounded_synchronize
+    _step_after_synchronize(type(optimizer))
 
 
-@contextlib.contextmanager
-def skip_gradient_allreduce(optimizers: list) -> Iterator[None]:
+def _step_after_synchronize(cls: type) -> None:
+    """Make ``step()`` right after ``synchronize()`` step without reducing again.
+
+    Horovod's own step would allreduce every gradient a second time (and warn) unless the script
+    wraps it in ``skip_synchronize()``; a script written for DDP, or one that clipped through
+    ``backend.clip_grad_norm_``, calls a bare ``optimizer.step()``.
+    """
+    horovod_step = cls.step
+
+    def step(self, closure: Any = None) -> Any:
+        if self._synchronized and self._should_synchronize:
+            if self._handles:  # backward passes since that synchronize(): reduce them as usual
+                self._synchronized = False
+            else:
+                with self.skip_synchronize():
+                    return horovod_step(self, closure)
+        return horovod_step(self, closure)
+
+    cls.step = step
+
+
+def stop_gradient_allreduce(optimizers: list) -> list:
+    """Lift every gradient's pass counter out of reach, so horovod's hooks neither reduce nor
+    count the backward passes to come; returns what :func:`resume_gradient_allreduce` restores."""
     saved = [(o, dict(o._allreduce_delay), set(o._handles)) for o in optimizers]
-    for optimizer, delays, _ in saved:
+    for optimizer, delays, handles in saved:
         for p in delays:
             optimizer._allreduce_delay[p] += _NO_SYNC_PASSES
-    try:
-        yield
-    finally:
-        for optimizer, delays, handles in saved:
-            optimizer._allreduce_delay.update(delays)
-            # Passes inside left (None, None) placeholders; drop them so zero_grad stays legal.
-            for p in [p for p, h in optimizer._handles.items() if p not in handles and h[0] is None]:
-                del optimizer._handles[p]
+        optimizer._paraflow_handles_before_no_sync = handles
+    return saved
+
+
+def resume_gradient_allreduce(saved: list) -> None:
+    """Undo :func:`stop_gradient_allreduce`: the next backward pass reduces what accumulated."""
+    for optimizer, delays, handles in saved:
+        optimizer._allreduce_delay.update(delays)
+        _drop_no_sync_placeholders(optimizer, handles)
+        optimizer._paraflow_handles_before_no_sync = None
+
+
+def _drop_no_sync_placeholders(optimizer: torch.optim.Optimizer, handles: set) -> None:
+    """Passes while stopped left (None, None) placeholders; drop them so zero_grad stays legal."""
+    for p in [p for p, h in optimizer._handles.items() if p not in handles and h[0] is None]:
+        del optimizer._handles[p]
 
 
 def _accept_set_to_none(cls: type) -> None:
@@ -137,6 +168,9 @@ def _accept_set_to_none(cls: type) -> None:
     horovod_zero_grad = cls.zero_grad
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        before_no_sync = getattr(self, "_paraflow_handles_before_no_sync", None)
+        if before_no_sync is not None:  # after a step under no_sync, before the next forward outside it
+            _drop_no_sync_placeholders(self, before_no_sync)
         if self._handles:
             horovod_zero_grad(self)  # raises: zero_grad between backward and step
         super(cls, self).zero_grad(set_to_none=set_to_none)

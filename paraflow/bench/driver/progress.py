@@ -47,10 +47,10 @@ class LaunchProgress:
         typical = sorted(self.launch_s)[len(self.launch_s) // 2]
         return typical * max(0, self.total - self.done)
 
-    def _where(self, label: str, heading: Optional[str]) -> str:
+    def _where(self, label: str, heading: Optional[str], launch: int) -> str:
         left = self.remaining()
         eta = "" if left is None else f", ~{clock(left)} left"
-        place = heading or f"[{self.done + 1:>{len(str(self.total))}}/{self.total}]"
+        place = heading or f"[{launch:>{len(str(self.total))}}/{self.total}]"
         return f"{place} {clock(self.elapsed())} elapsed{eta} · {label}"
 
     # ------------------------------------------------------------------ events
@@ -63,14 +63,14 @@ class LaunchProgress:
     def begin(self, label: str, heading: Optional[str] = None) -> None:
         self._current = (label, heading)
         if self.live is not None:
-            self.live[0].update(self.live[1], description=self._where(label, heading))
+            self.live[0].update(self.live[1], description=self._where(label, heading, self.done + 1))
 
     def end(self, ok: bool, outcome: str, elapsed_s: float) -> None:
         """One launch ended: `outcome` is "ok" or the failure ("FAILED: ...", "TIMED OUT: ...")."""
         label, heading = self._current
-        line = f"{self._where(label, heading)} · {outcome} ({elapsed_s:.1f} s)"
         self.done += 1
         self.launch_s.append(elapsed_s)
+        line = f"{self._where(label, heading, self.done)} · {outcome} ({elapsed_s:.1f} s)"
         if self.stream is None:
             return
         if self.live is not None:

@@ -36,9 +36,10 @@ def _backend(name: str) -> str:
     return name.split(" · ")[0]
 
 
-def headline(entry: dict) -> str:
+def headline(entry: dict, baseline: Optional[dict] = None) -> str:
     """One verdict entry (verdict.training_verdict) as one line: the fastest against the best of
-    another backend, with the interval of the throughput ratio, and who is fastest here."""
+    another backend, with the interval of the throughput ratio, and who is fastest here; alone at
+    its process count, against the one-process baseline (`baseline`: its training row)."""
     n = entry["processes"]
     where = f"{entry['model']}, {n} process{'es' * (n > 1)}"
     others = entry["slower"] + entry["no_significant_difference"]
@@ -48,21 +49,37 @@ def headline(entry: dict) -> str:
     first = entry.get("first") or ties[0]
     rival = next((o for o in others if _backend(o["name"]) != _backend(first)), others[0] if others else None)
     if rival is None:
-        return f"{where}: {_name(first)} only, nothing to compare with here"
+        return f"{where}: {_name(first)} {_against_single(baseline, n)}"
     factor = f"{rival['factor']:.2f}× [{rival['low']:.2f}, {rival['high']:.2f}]"
     called = "" if rival["slower"] else " (no significant difference)"
     here = _name(fastest) if fastest else " = ".join(_name(t) for t in ties) + " (within noise of each other)"
     return f"{where}: {_name(first)} {factor} the throughput of {_name(rival['name'])}{called}; fastest here: {here}"
 
 
-def headlines(verdict: list) -> list:
-    """One line per model: weak scaling, default settings, at the model's largest process count."""
-    training = [v for v in verdict if "processes" in v and v.get("scaling") == "weak" and not v.get("tuned")]
+def _against_single(row: Optional[dict], n: int) -> str:
+    """The only configuration at `n` processes against single: its throughput ratio (scaling
+    efficiency x n, with the efficiency's interval), or that nothing compares."""
+    if not row or row.get("scaling_efficiency") is None or n == 1:
+        return "only, nothing to compare with here"
+    eff, low, high = (row.get(f"scaling_efficiency{k}") for k in ("", "_low", "_high"))
+    ratio = f"{eff * n:.2f}×" + (f" [{low * n:.2f}, {high * n:.2f}]" if low is not None and high is not None else "")
+    return f"only; {ratio} the throughput of single·python (1 process): scaling efficiency {eff:.0%}"
+
+
+def headlines(verdict: list, training: Optional[list] = None) -> list:
+    """One line per model: weak scaling, default settings, at the model's largest process count
+    (`training`: the training rows, for a configuration alone at its process count)."""
+    entries = [v for v in verdict if "processes" in v and v.get("scaling") == "weak" and not v.get("tuned")]
     widest: dict = {}
-    for entry in training:
+    for entry in entries:
         if entry["processes"] >= widest.get(entry["model"], {"processes": 0})["processes"]:
             widest[entry["model"]] = entry
-    return [headline(entry) for entry in widest.values()]
+    rows = {
+        (r["model"], f"{r['backend']} · {r['launcher']}", r["processes"]): r
+        for r in training or []
+        if r.get("scaling", "weak") == "weak" and r.get("setting", "default") == "default"
+    }
+    return [headline(e, rows.get((e["model"], e.get("first"), e["processes"]))) for e in widest.values()]
 
 
 def _interval(row: dict, key: str, fmt: str) -> str:
@@ -133,7 +150,7 @@ def screen_report(results: dict, out: Optional[str] = None) -> str:
 
     out = out or results.get("config", {}).get("out", "the results folder")
     lines = ["", f"Verdict (throughput, median over launches with its 95% interval; every figure: {out}/results.md)"]
-    found = headlines(results["tables"].get("verdict", []))
+    found = headlines(results["tables"].get("verdict", []), results["tables"].get("training", []))
     lines += [f"  {line}" for line in found] or ["  no training row was measured"]
     rows = compact_rows(results["tables"].get("training", []))
     if rows:

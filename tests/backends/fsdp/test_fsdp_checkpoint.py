@@ -1,5 +1,6 @@
 """Sharded checkpoints under real launchers: a rank killed mid-save, asynchronous saves, and resuming
-across backends and world sizes, each ending where the uninterrupted run ends (float64, AdamW).
+across backends and world sizes (the sharded directory itself under ddp-gloo, horovod and single),
+each ending where the uninterrupted run ends (float64, AdamW).
 
 Every run trains the same global batches whatever its rank count (tests/backends/fsdp/workers/steps.py),
 so the references are one uninterrupted `single` run.
@@ -10,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import launch, launch_ok
+from conftest import launch, launch_ok, requires_horovod
 
 STEPS = Path(__file__).resolve().parent / "workers" / "steps.py"
 TOTAL, HALF = 6, 3
-LAUNCHER = {"single": "python", "ddp-gloo": "torchrun", "fsdp": "torchrun"}
+LAUNCHER = {"single": "python", "ddp-gloo": "torchrun", "fsdp": "torchrun", "horovod": "mpirun"}
 
 
 def run(directory, backend, nproc, name, *args, ok=True):
@@ -57,6 +58,8 @@ def runs(tmp_path_factory):
         if kind not in cache:
             if kind == "straight":
                 cache[kind] = final(run(directory, "single", 1, "straight"))
+            elif kind == "straight-ddp-gloo":
+                cache[kind] = final(run(directory, "ddp-gloo", 2, "straight-ddp-gloo"))
             else:
                 ckpt = directory / f"{kind}-half"
                 args = [f"save_at={HALF}", f"ckpt={ckpt}"]
@@ -87,6 +90,20 @@ def test_resume_ends_where_the_uninterrupted_run_ends(tmp_path, runs, writer, so
     straight = runs("straight")
     assert_same_state(final(out), straight)
     # Guard: the second half trained (a resume that did nothing, or restarted, would not match anyway).
+    assert not torch.equal(final(out)["model"]["net.1.weight"], _initial()["net.1.weight"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "reader, nproc",
+    [("ddp-gloo", 2), pytest.param("horovod", 2, marks=requires_horovod), ("single", 1)],
+    ids=["fsdp2-to-ddp-gloo2", "fsdp2-to-horovod2", "fsdp2-to-single"],
+)
+def test_the_sharded_directory_resumes_under_every_other_backend(tmp_path, runs, reader, nproc):
+    """No export needed: ddp, horovod and single read fsdp's shards whole and end where ddp-gloo ends."""
+    out = run(tmp_path, reader, nproc, "resumed", f"resume={runs('fsdp')}")
+    assert resumed_from(out) == HALF
+    assert_same_state(final(out), runs("straight-ddp-gloo"))
     assert not torch.equal(final(out)["model"]["net.1.weight"], _initial()["net.1.weight"])
 
 

@@ -245,11 +245,33 @@ def test_sharded_checkpoint_errors_name_the_fix(backend, tmp_path):
         backend.save(str(tmp_path / "file.pt"), {"model": model})
 
 
-def test_a_sharded_directory_given_to_a_full_checkpoint_backend_says_what_to_do(tmp_path):
-    (tmp_path / "ckpt").mkdir()
+def test_single_reads_a_sharded_checkpoint_whole(tmp_path):
+    """One process, no process group: fsdp's directory loads as the full file would."""
+    path = str(tmp_path / "ckpt")
+    with paraflow.init("fsdp", num_threads=1, blocks="Linear") as fsdp:
+        model = fsdp.wrap_model(build_model("mlp", width=16))
+        optimizer = fsdp.wrap_optimizer(torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.8, 0.9)), model)
+        _stepped(optimizer, model)
+        state = {"model": model, "optimizer": optimizer, "epoch": 3}
+        fsdp.save(path, state)
+        fsdp.export(path + ".full.pt", state)
     with paraflow.init("single", num_threads=1) as single:
-        with pytest.raises(CheckpointError, match="sharded checkpoint .* --backend fsdp .* --export"):
-            single.load(str(tmp_path / "ckpt"))
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(CheckpointError, match="no committed sharded checkpoint"):
+            single.load(str(tmp_path / "empty"))
+        loaded = {}
+        for source in (path, path + ".full.pt"):
+            model = single.wrap_model(build_model("mlp", width=16))
+            optimizer = single.wrap_optimizer(torch.optim.AdamW(model.parameters(), lr=0.5), model)
+            state = {"model": model, "optimizer": optimizer, "epoch": 0}
+            assert single.load(source, state) == {"epoch": 3}
+            assert state["epoch"] == 3 and optimizer.param_groups[0]["betas"] == (0.8, 0.9)
+            loaded[source] = (model.state_dict(), optimizer.state_dict())
+    (sharded_model, sharded_opt), (full_model, full_opt) = loaded.values()
+    assert all(torch.equal(sharded_model[k], full_model[k]) for k in full_model)
+    assert sharded_opt["param_groups"] == full_opt["param_groups"]
+    for index, moments in full_opt["state"].items():
+        assert all(torch.equal(value, sharded_opt["state"][index][name]) for name, value in moments.items())
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["save", "async_save"])

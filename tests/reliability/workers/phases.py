@@ -1,7 +1,8 @@
 """Rank 1 stops answering (SIGSTOP) at the start of one phase; the other ranks go on.
 
 Usage: <launcher> python tests/reliability/workers/phases.py BACKEND PHASE DIR
-PHASE: wrap_model, wrap_optimizer (then one training step) or shutdown (right before leaving
+PHASE: wrap_model, wrap_optimizer (then one training step), save (in the middle of a sharded
+checkpoint save, as rank 1 starts writing its shards) or shutdown (right before leaving
 ``with paraflow.init()``). Every rank writes DIR/rank<R>.pid at start, and prints ``EVENT {json}``
 lines: the stop, any error that leaves the ``with`` block (type, message, time), ``done``.
 """
@@ -18,6 +19,19 @@ from report import emit
 
 import paraflow
 from paraflow.examples.models import build_model
+
+
+def stop_while_writing_shards(stop) -> None:
+    """Call `stop` when this rank starts writing its checkpoint shards (torch.distributed.checkpoint)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    write = FileSystemWriter.write_data
+
+    def stopping_write(self, *args, **kwargs):
+        stop()
+        return write(self, *args, **kwargs)
+
+    FileSystemWriter.write_data = stopping_write
 
 
 def main(name: str, phase: str, directory: str) -> None:
@@ -41,6 +55,9 @@ def main(name: str, phase: str, directory: str) -> None:
             optimizer.zero_grad()
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
+            if phase == "save":
+                stop_while_writing_shards(lambda: maybe_stop("save"))
+                backend.save(str(Path(directory) / "checkpoint"), {"model": model, "optimizer": optimizer})
             maybe_stop("shutdown")
         emit({"rank": rank, "done": True, "time": time.time()})
     except BaseException as exc:
