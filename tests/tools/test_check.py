@@ -10,10 +10,13 @@ import torch.distributed as dist
 from conftest import launch_ok, requires_horovod
 
 import paraflow
+from paraflow.environment.mpi_library import launcher_family
 from paraflow.tools import check
 from paraflow.tools.launch import find_tool
 
 CHECK = ["-m", "paraflow.cli", "check", "--json"]
+#: What the ranks of the mpirun found here detect: Debian's Open MPI, or a PyPI MPICH in this environment.
+MPIRUN_LAUNCHER = {"mpich": "mpich"}.get(launcher_family(find_tool("mpirun") or "mpirun"), "openmpi")
 
 
 def _report(result) -> list:
@@ -79,7 +82,7 @@ def test_under_mpirun_every_rank_reports_itself(tmp_path):
     for r in reports:
         p = r["process"]
         assert (p["launcher"], p["world_size"], p["local_world_size"], p["horovod_controller"]) == (
-            "openmpi",
+            MPIRUN_LAUNCHER,
             2,
             2,
             "mpi",
@@ -91,7 +94,7 @@ def test_text_report_is_printed_once_under_a_launcher():
     result = launch_ok("mpirun", 2, ["-m", "paraflow.cli", "env"], timeout=100)
     out = result.stdout
     assert out.count("backends\n") == 1 and out.count("torch        ") == 1
-    assert "launcher   openmpi: rank 0 of 2" in out
+    assert f"launcher   {MPIRUN_LAUNCHER}: rank 0 of 2" in out
     assert "rank 1 of 2 (local 1 of 2)" in out  # the other rank's one line
 
 
