@@ -42,4 +42,4 @@ echo "GPUs: $GPUS; backends: single,$BACKENDS; process counts: $NPROCS; results:
 # Wider models than the CPU defaults so the GPU has work; each launch may take 90 s at most.
 exec timeout --signal=INT 290 "$PY" benchmarks/run.py --out "$OUT" --backend "$BACKENDS" --nprocs "$NPROCS" \
     --model mlp:width=4096 --model cnn:width=64 --model transformer:width=256,depth=4 \
-    --batch-size 256 --max-bytes 256M --min-window 0.5 --repeat 2 --timeout 90 "$@"
+    --batch-size 256 --max-bytes 256M --min-window 0.5 --repeat 2 --launch-timeout 90 "$@"

@@ -55,10 +55,13 @@ def test_script_arguments_after_the_double_dash_stay_the_scripts():
         (["--models", "mlp:width=16", "cnn"], ["--model", "mlp:width=16,cnn"]),
         (["--compare", "A", "B"], ["compare", "A", "B"]),
         (["--project-only", "R"], ["project", "R"]),
+        (["--steps", "7"], ["--window-steps", "7"]),
+        (["--timeout", "9"], ["--launch-timeout", "9"]),
+        (["--cluster", "2"], ["--nodes", "2"]),
     ],
 )
 def test_old_spellings_work_and_print_the_new_one(old, new, capsys):
-    keys = ("backend", "launcher", "model", "mode", "runs", "run")
+    keys = ("backend", "launcher", "model", "mode", "runs", "run", "steps", "timeout", "cluster")
     got = {k: getattr(parse(*old), k, None) for k in keys}
     assert "deprecated" in capsys.readouterr().err
     want = {k: getattr(parse(*new), k, None) for k in keys}

@@ -1,4 +1,4 @@
-"""`paraflow bench --cluster N --bandwidth RATE`: options checked up front, commands recorded per host."""
+"""`paraflow bench --nodes N --bandwidth RATE`: options checked up front, commands recorded per host."""
 
 import pytest
 
@@ -14,7 +14,7 @@ def test_a_cluster_run_has_one_rank_per_host_and_no_overhead_cells():
 
 @pytest.mark.parametrize(
     "options, fix",
-    [({"bandwidth": "1gbit"}, "add --cluster 2"), ({"cluster": 1}, "2 or more hosts")],
+    [({"bandwidth": "1gbit"}, "add --nodes 2"), ({"cluster": 1}, "2 or more hosts")],
 )
 def test_bad_cluster_options_say_how_to_fix_them(options, fix):
     with pytest.raises(ConfigurationError, match=fix):

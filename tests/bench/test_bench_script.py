@@ -15,7 +15,7 @@ from paraflow.bench.rank.script_hook import script_env
 from paraflow.tools.launch import run_launch
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "endless_train.py"
-QUICK = ["--repeat", "1", "--max-repeat", "1", "--no-aa-check", "--no-plots", "--warmup", "2", "--steps", "3"]
+QUICK = ["--repeat", "1", "--max-repeat", "1", "--no-aa-check", "--no-plots", "--warmup", "2", "--window-steps", "3"]
 
 
 def bench(tmp_path, env, *args, timeout=300):

@@ -28,11 +28,11 @@ def read_chrome_trace(path) -> list:
 def test_horovod_trace_has_every_rank_in_its_timeline_and_profiles(tmp_path):
     out = tmp_path / "results"
     cmd = [sys.executable, "-m", "paraflow.cli", "bench", "--backend", "horovod", "--launcher", "mpirun"]
-    cmd += ["--nprocs", "2", "--model", "mlp:width=16", "--steps", "2", "--warmup", "1", "--max-warmup", "0.05"]
+    cmd += ["--nprocs", "2", "--model", "mlp:width=16", "--window-steps", "2", "--warmup", "1", "--max-warmup", "0.05"]
     cmd += ["--min-window", "0", "--repeat", "1", "--max-repeat", "1", "--no-aa-check", "--no-allreduce"]
     cmd += ["--no-overhead", "--no-plots"]
     cmd += ["--trace", "--tune", "--tune-values", "fusion_threshold_mb=0", "--tune-values", "cycle_time_ms=5"]
-    cmd += ["--timeout", "120", "--out", str(out)]
+    cmd += ["--launch-timeout", "120", "--out", str(out)]
     env = {**RANK_ENV, "PARAFLOW_BACKEND": None, "RANK": None, "WORLD_SIZE": None}
     result = run_launch(cmd, timeout=280, env=env, cwd=str(ROOT))
     assert not result.timed_out and result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]

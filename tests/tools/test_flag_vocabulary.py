@@ -89,14 +89,7 @@ def vocabulary_problems(parser: argparse.ArgumentParser) -> list:
     return problems
 
 
-def _case(name: str):
-    if name == "paraflow bench":
-        reason = "paraflow bench's last renames land separately: --steps (a timed window), --timeout, --cluster"
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason))
-    return name
-
-
-@pytest.mark.parametrize("name", [_case(name) for name in PARSERS])
+@pytest.mark.parametrize("name", list(PARSERS))
 def test_each_command_line_speaks_the_shared_vocabulary(name):
     assert vocabulary_problems(PARSERS[name]) == []
 

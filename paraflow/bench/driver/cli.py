@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ...tools.flags import deprecated_alias
+
 __all__ = ["add_arguments", "config_from_args", "run_from_args", "main", "split_models", "DEPRECATED"]
 
 #: Old spelling -> new spelling; the old ones still work for one release, with a note on stderr.
@@ -22,6 +24,9 @@ DEPRECATED = {
     "--models": "--model",
     "--compare": "compare RUN_A RUN_B",
     "--project-only": "project RUN",
+    "--steps": "--window-steps",
+    "--timeout": "--launch-timeout",
+    "--cluster": "--nodes",
 }
 
 
@@ -166,7 +171,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     timing.add_argument(
         "--max-warmup", type=float, default=1.5, help="seconds of warm-up steps, at most (default: 1.5)"
     )
-    timing.add_argument("--steps", type=int, default=20, help="timed steps per window, at least (default: 20)")
+    timing.add_argument(
+        "--window-steps", dest="steps", type=int, default=20, help="timed steps per window, at least (default: 20)"
+    )
     timing.add_argument(
         "--min-window", type=float, default=0.3, help="seconds per timed window, at least (default: 0.3)"
     )
@@ -187,7 +194,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="seconds of the run after which no extra launch starts; the abstraction overhead's pairs shrink "
         "(to 60 at least) when the planned launches would run past it (default: %(default)s)",
     )
-    timing.add_argument("--timeout", type=float, default=150.0, help="seconds per launch (default: 150)")
+    timing.add_argument(
+        "--launch-timeout", dest="timeout", type=float, default=150.0, help="seconds per launch (default: 150)"
+    )
     timing.add_argument("--seed", type=int, default=0, help="model initialisation and data seed (default: 0)")
 
     stats = p.add_argument_group("statistics")
@@ -220,15 +229,14 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "the environment wins)",
     )
     machine.add_argument(
-        "--cluster",
+        "--nodes",
+        dest="cluster",
         type=int,
         default=0,
         metavar="HOSTS",
         help="run on an emulated cluster of HOSTS network namespaces, one rank per host (root)",
     )
-    machine.add_argument(
-        "--bandwidth", default=None, help="rate of each emulated host link, e.g. 1gbit (with --cluster)"
-    )
+    machine.add_argument("--bandwidth", default=None, help="rate of each emulated host link, e.g. 1gbit (with --nodes)")
 
     sweep = p.add_argument_group("collectives sweep")
     sweep.add_argument(
@@ -324,6 +332,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--compare", nargs=2, action=_Deprecated, metavar=("RUN_A", "RUN_B"), help="use `paraflow bench compare`"
     )
     old.add_argument("--project-only", action=_Deprecated, metavar="RUN", help="use `paraflow bench project`")
+    for spelling in ("--steps", "--timeout", "--cluster"):
+        deprecated_alias(p, spelling, DEPRECATED[spelling])
 
     modes = p.add_subparsers(
         dest="mode",

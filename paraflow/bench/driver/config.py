@@ -300,10 +300,10 @@ class BenchConfig:
                     f"divide by {', '.join(map(str, uneven))}; pick a batch size that does (e.g. --batch-size 64)."
                 )
         if self.bandwidth and not self.cluster:
-            raise ConfigurationError(f"--bandwidth {self.bandwidth} shapes cluster links: add --cluster 2.")
+            raise ConfigurationError(f"--bandwidth {self.bandwidth} shapes cluster links: add --nodes 2.")
         if self.cluster:
             if int(self.cluster) < 2:
-                raise ConfigurationError(f"--cluster {self.cluster}: an emulated cluster needs 2 or more hosts.")
+                raise ConfigurationError(f"--nodes {self.cluster}: an emulated cluster needs 2 or more hosts.")
             self.nprocs, self.overhead = [int(self.cluster)], False
         self.nprocs = sorted({int(n) for n in self.nprocs})
         self.models = [m if isinstance(m, ModelSpec) else ModelSpec.parse(m) for m in self.models]
