@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -27,13 +26,6 @@ class DataParallelBackend(LocalCollectives, Backend):
     MULTI_PROCESS = False
     LAUNCHERS = ("python",)
     _warned_cpu = False
-
-    @classmethod
-    def benchmark_skip_reason(cls, cuda_devices: int, **presets: Any) -> Optional[str]:
-        """Without GPUs DataParallel is a pass-through of single."""
-        if cuda_devices:
-            return None
-        return "no GPU: DataParallel would be a pass-through of single (ask for it with --backend dp)"
 
     @property
     def replicas(self) -> int:

@@ -65,11 +65,6 @@ class TorchDistributedBackend(Backend):
         """NCCL takes one GPU per process."""
         return cuda_devices if _transport(process_group) == "nccl" else None
 
-    @classmethod
-    def collectives_key(cls, process_group: str = "auto", **_: Any) -> tuple:
-        """DDP and FSDP share these collectives: only the process group tells them apart."""
-        return ("torch.distributed", _transport(process_group))
-
     def _presets(self) -> dict:
         return {"process_group": self.process_group}
 

@@ -138,26 +138,6 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         """The most processes one host can run (None: no limit); one-process backends say 1."""
         return None if cls.MULTI_PROCESS else 1
 
-    @classmethod
-    def collectives_key(cls, **presets: Any) -> tuple:
-        """Backends with the same key run the same code for their public collectives (the
-        benchmark sweeps them once per launcher and process count)."""
-        return (cls.__module__, cls.__qualname__)
-
-    @classmethod
-    def benchmark_skip_reason(cls, cuda_devices: int, **presets: Any) -> Optional[str]:
-        """Why a default benchmark run leaves this backend out on this host, or None."""
-        return None
-
-    @classmethod
-    def raw_loop(cls, **presets: Any) -> Optional[Any]:
-        """The same training set up by hand on the raw library (wrap, and the collectives the
-        sweep times), or None; it runs on the library paraflow started.
-
-        The benchmark's abstraction overhead compares a paraflow step with it.
-        """
-        return None
-
     # ---------------------------------------------------------------- lifecycle
     def init(self, environment: Optional[ProcessEnvironment] = None) -> Backend:
         """Join the job: detect the launcher, pin the device and threads, start communication."""

@@ -51,13 +51,6 @@ class DDPBackend(TorchDistributedBackend):
                 "NCCL >= 2.10; use compression='fp16'."
             )
 
-    @classmethod
-    def raw_loop(cls, **_: Any):
-        """DDP set up by hand as torchrun's documentation does it (see raw_loop.py)."""
-        from .raw_loop import RawDDP
-
-        return RawDDP()
-
     def _before_destroy(self) -> None:
         release_continuations()  # a gloo thread still releasing a hook's continuation needs the GIL
 

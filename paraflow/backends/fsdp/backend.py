@@ -61,9 +61,6 @@ class FSDPBackend(TorchDistributedBackend):
 
     OPTIONS = FSDP_OPTIONS | TorchDistributedBackend.OPTIONS
     COMPRESSIONS = frozenset({"none", "fp16", "bf16"})
-    #: Inside no_sync each forward and backward still gathers the parameters (the benchmark's
-    #: step breakdown then counts all of the difference to a synced step as communication).
-    no_sync_communicates = True
 
     def __init__(
         self,
@@ -110,13 +107,6 @@ class FSDPBackend(TorchDistributedBackend):
         except ImportError:
             return "torch.distributed.checkpoint needs NumPy: pip install 'paraflow[fsdp]' (or pip install numpy)"
         return None
-
-    @classmethod
-    def raw_loop(cls, **_: Any):
-        """fully_shard set up by hand, sharding the same blocks (see raw_loop.py)."""
-        from .raw_loop import RawFSDP
-
-        return RawFSDP()
 
     # ---------------------------------------------------------------- model and optimizer
     def wrap_model(self, model: nn.Module) -> nn.Module:

@@ -116,13 +116,6 @@ class HorovodBackend(HorovodCollectives, Backend):
             return "horovod was built with neither MPI nor gloo; rebuild it with `paraflow build-horovod --force`"
         return None
 
-    @classmethod
-    def raw_loop(cls, **_: Any):
-        """horovod.torch set up by hand as its PyTorch guide does it (see raw_loop.py)."""
-        from .raw_loop import RawHorovod
-
-        return RawHorovod()
-
     @property
     def transport(self) -> Optional[str]:
         """What moves this process's tensors: "nccl" on a GPU with NCCL, else the CPU operations."""

@@ -20,6 +20,7 @@ from typing import Optional
 from ...core.placement import cores
 from ...core.registry import spec
 from ...errors import ConfigurationError, UnknownBackendError
+from .. import backends as bench_backends
 from .config import BenchConfig, ModelSpec
 
 __all__ = ["Cell", "Matrix", "build_matrix", "BASELINE"]
@@ -129,7 +130,9 @@ def build_matrix(
         names = []
         for name, reason in available.items():
             registration = spec(name)
-            skip = reason is None and _backend_class(name).benchmark_skip_reason(cuda_devices, **registration.presets)
+            skip = reason is None and bench_backends.skip_reason(
+                _backend_class(name), cuda_devices, **registration.presets
+            )
             if registration.alias_of:
                 matrix.skipped[name] = f"same as {registration.alias_of}"
             elif skip:
@@ -168,7 +171,11 @@ def build_matrix(
             counts = [n for n in counts if n <= limit]
         for launcher in launchers:
             for n in counts:
-                swept = (cls.collectives_key(**presets), launcher, n)  # fsdp's collectives are ddp's: sweep once
+                swept = (
+                    bench_backends.collectives_key(cls, **presets),
+                    launcher,
+                    n,
+                )  # fsdp's collectives are ddp's: sweep once
                 sweep = config.allreduce and n >= 2 and swept not in sweeps
                 sweeps.add(swept)
                 train_cells.append(Cell("train", name, launcher, n, threads, models, sweep=sweep))
@@ -202,6 +209,6 @@ def _overhead_groups(config: BenchConfig, names: list, train_cells: list) -> set
     wanted = set()
     for name in names:
         cls, presets = _backend_class(name), spec(name).presets
-        if cls.MULTI_PROCESS and cls.raw_loop(**presets) is not None:
+        if cls.MULTI_PROCESS and bench_backends.raw_loop(cls, **presets) is not None:
             wanted |= {(name, cls.LAUNCHERS[0], n) for n in (min(config.nprocs), max(config.nprocs))}
     return {c.group for c in train_cells if (c.backend, c.launcher, c.nproc) in wanted}

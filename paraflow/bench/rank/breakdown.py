@@ -28,6 +28,8 @@ from typing import Callable
 
 import torch
 
+from ..backends import no_sync_communicates
+
 __all__ = ["PARTS", "run_pairs", "step_parts", "pair_breakdown", "window_breakdown", "gradient_clock"]
 
 #: Per-pair lists a rank writes under "breakdown" (seconds); `step_s` is the synced step they split.
@@ -150,7 +152,7 @@ def run_pairs(
                 t1 = clock()
                 (sync_s if synced else no_sync_s).append(t1 - t0)
                 parts[synced] = step_parts(marks, t0, t1)
-            whole = getattr(backend, "no_sync_communicates", False)
+            whole = no_sync_communicates(backend)
             for key, value in pair_breakdown(parts[True], parts[False], whole).items():
                 breakdown[key].append(value)
     return {"sync_pair_step_s": sync_s, "no_sync_step_s": no_sync_s, "breakdown": _none_if_missing(breakdown)}

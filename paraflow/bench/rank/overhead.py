@@ -28,6 +28,7 @@ import time
 import torch
 
 from ...examples.models import build_model
+from ..backends import raw_loop
 from ..driver.config import ModelSpec
 from .ownprofile import profile_own_code
 from .train_loop import LEARNING_RATE, device_sync, make_batches, make_step
@@ -85,8 +86,8 @@ def run_overhead(
     from ...errors import ConfigurationError
 
     registration = registered(backend.name)
-    raw = registration.load().raw_loop(**registration.presets)
-    loops = {"raw": raw, "control": registration.load().raw_loop(**registration.presets)}
+    raw = raw_loop(registration.load(), **registration.presets)
+    loops = {"raw": raw, "control": raw_loop(registration.load(), **registration.presets)}
     if raw is None:
         raise ConfigurationError(f"backend {backend.name!r} has no hand-written loop to compare with.")
     device = backend.device

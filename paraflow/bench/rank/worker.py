@@ -154,10 +154,11 @@ def main(argv=None) -> int:
                 rank_file.add(f"{TASKS[scaling]}/{spec}", result)
         if args.sweep_sizes:
             from ...core.registry import spec as registered
+            from ..backends import raw_loop
             from .sweep import run_sweep
 
             registration = registered(args.backend)
-            raw = registration.load().raw_loop(**registration.presets)
+            raw = raw_loop(registration.load(), **registration.presets)
             collectives, dtypes = args.collectives.split(","), args.dtypes.split(",")
             sweep = run_sweep(backend, raw, args.sweep_sizes, collectives, dtypes, rounds=args.rounds)
             rank_file.add("sweep", sweep)
