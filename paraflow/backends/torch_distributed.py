@@ -22,7 +22,7 @@ from ..reliability.deadlines import call_with_deadline
 from ..reliability.debug import debug_enabled, enable_torch_debug
 from ..reliability.translation import collective_errors, startup_errors
 
-__all__ = ["TorchDistributedBackend", "store_for_this_attempt"]
+__all__ = ["TorchDistributedBackend", "store_for_this_attempt", "process_group_transport"]
 
 _TORCH_OPS = {"sum": "SUM", "mean": "SUM", "min": "MIN", "max": "MAX"}
 
@@ -63,7 +63,7 @@ class TorchDistributedBackend(Backend):
     @classmethod
     def process_limit(cls, cuda_devices: int, process_group: str = "auto", **_: Any) -> Optional[int]:
         """NCCL takes one GPU per process."""
-        return cuda_devices if _transport(process_group) == "nccl" else None
+        return cuda_devices if process_group_transport(process_group) == "nccl" else None
 
     def _presets(self) -> dict:
         return {"process_group": self.process_group}
@@ -71,7 +71,7 @@ class TorchDistributedBackend(Backend):
     @property
     def transport(self) -> str:
         """The torch.distributed process group in use: "nccl" or "gloo"."""
-        return _transport(self.process_group)
+        return process_group_transport(self.process_group)
 
     def _uses_cuda(self) -> bool:
         return torch.cuda.is_available() and (self.transport == "nccl" or self.requested_device == "cuda")
@@ -236,7 +236,7 @@ def store_for_this_attempt(address: str, port: int, world_size: int, timeout: fl
     return dist.PrefixStore(f"/paraflow/attempt_{attempt}/session_{_SESSIONS}", store)
 
 
-def _transport(process_group: str) -> str:
+def process_group_transport(process_group: str) -> str:
     """The process group "auto" resolves to here: NCCL with CUDA, else gloo."""
     if process_group != "auto":
         return process_group

@@ -8,8 +8,6 @@ from __future__ import annotations
 import importlib
 from typing import Any, Optional
 
-import torch
-
 __all__ = ["raw_loop", "collectives_key", "skip_reason", "no_sync_communicates"]
 
 _BACKENDS = "paraflow.backends."
@@ -45,10 +43,9 @@ def collectives_key(cls: type, process_group: str = "auto", **_: Any) -> tuple:
     """Backends with the same key run the same code for their public collectives, so the sweep
     times them once per launcher and process count: DDP and FSDP share torch.distributed's."""
     if _TORCH_DISTRIBUTED in _names(cls):
-        if process_group == "auto":
-            nccl = torch.cuda.is_available() and torch.distributed.is_nccl_available()
-            process_group = "nccl" if nccl else "gloo"
-        return ("torch.distributed", process_group)
+        from ..backends.torch_distributed import process_group_transport
+
+        return ("torch.distributed", process_group_transport(process_group))
     return (cls.__module__, cls.__qualname__)
 
 
