@@ -1,4 +1,4 @@
-"""Measure what paraflow adds to a horovod training step (for the README's numbers).
+"""Measure what paraflow adds to a horovod training step, against raw horovod.torch in one run.
 
 Usage: mpirun -np N python benchmarks/horovod_step_cost.py [MODEL] [PAIRS] [ROUNDS]
 Runs the benchmark's abstraction-overhead loop (paraflow.bench.rank.overhead: the same step through
