@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from ..report.tables_training import training_rows
+from ..report.tables import training_rows
 from .config import BenchConfig
 from .matrix import Cell
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import os
 import platform
 import socket
@@ -25,13 +24,6 @@ __all__ = [
 ]
 
 UNITS = "GB = 1e9 bytes, MB = 1e6 bytes; GB/s = 1e9 bytes per second; times are wall-clock"
-
-
-def _version(package: str) -> Optional[str]:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _mpi_version() -> str:
@@ -146,7 +138,7 @@ def extra_launches_line(extra: dict) -> str:
 
 
 def probe_line(probe: dict) -> str:
-    """The machine's own speed along the run (driver/speed_probe.py), in one line."""
+    """The machine's own speed along the run (driver/runner.py's probe_ms), in one line."""
     return (
         f"machine speed probe ({probe['kernel']}, after each of {probe['count']} launches): median "
         f"{probe['median_ms']:g} ms, {probe['min_ms']:g}–{probe['max_ms']:g} ms ({probe['spread']:.0%} spread)"
