@@ -16,11 +16,12 @@ import pytest
 from conftest import RANK_ENV, ROOT
 
 from paraflow.bench.rank.train_loop import trace_name
-from paraflow.bench.report.breakdown import BREAKDOWN_COLUMNS, SUMMED
 from paraflow.bench.report.outputs import csv_tables
 from paraflow.bench.report.tables import (
+    BREAKDOWN_COLUMNS,
     MEMCPY_COLUMNS,
     OVERHEAD_COLUMNS,
+    SUMMED,
     TRAINING_COLUMNS,
     build_tables,
     csv_columns,

@@ -156,7 +156,7 @@ class BenchConfig:
             short); the communication-overhead phase then runs half as many sync/no-sync pairs.
         repeat: independent launches of every training cell (intervals come from their spread).
         max_repeat: launches a cell may get in all when its interval stays wider than `noisy`
-            after `repeat` (extra_launches.py; None: `repeat`, no extra launch).
+            after `repeat` (runner.run_extra_launches; None: `repeat`, no extra launch).
         time_budget: extra launches start only while the run has taken less than this many
             seconds, counting the launch about to start; the abstraction overhead's pairs shrink
             when the planned launches would run past it (runner.overhead_seconds).

@@ -18,11 +18,10 @@ from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, writ
 from ..report.screen import screen_report
 from ..report.tables import build_tables
 from .config import BenchConfig, runnable_others
-from .extra_launches import run_extra_launches
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header
 from .progress import LaunchProgress
-from .runner import OMP_WAIT, probe_summary, run_cells, worker_entry
+from .runner import OMP_WAIT, probe_summary, run_cells, run_extra_launches, worker_entry
 
 __all__ = ["run_bench", "exit_status", "check_models", "start_line", "OUTPUT_FILES"]
 

@@ -129,7 +129,8 @@ def binding_summary(cells: list, pin: bool) -> str:
 
 
 def extra_launches_line(extra: dict) -> str:
-    """Which cells got launches beyond --repeat because their intervals stayed wide (extra_launches.py)."""
+    """Which cells got launches beyond --repeat because their intervals stayed wide
+    (driver/runner.py's run_extra_launches)."""
     cells = ", ".join(f"{group} +{count}" for group, count in extra["cells"].items()) or "none"
     return (
         f"extra launches (a cell's interval still wider than --noisy after --repeat {extra['repeat']}; up to "

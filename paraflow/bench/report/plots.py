@@ -8,9 +8,10 @@ from pathlib import Path
 
 from ...errors import MissingDependencyError
 from .header import busy_warning, header_lines
+from .tables import BREAKDOWN_COLUMNS
 
 __all__ = ["write_plots", "size_label", "require_pyplot", "throughput_figure", "busbw_figure", "projection_figure"]
-__all__ += ["footer"]
+__all__ += ["breakdown_figure", "footer"]
 
 
 def require_pyplot():
@@ -166,6 +167,55 @@ def busbw_figure(rows: list, memcpy: list, header: dict, unit: str):
     return fig
 
 
+_COLOURS = {"compute_ms": "#4878a8", "exposed_comm_ms": "#d0603a", "optimizer_ms": "#6aa56a", "other_ms": "#b0b0b0"}
+
+
+def breakdown_figure(rows: list, header: dict):
+    """Stacked bars per model: each row's compute, exposed communication, optimizer and other (ms),
+    with overlapped communication as a hatched bar beside them (it runs during compute)."""
+    plt = require_pyplot()
+    ok = [r for r in rows if r["status"].startswith("ok") and r.get("compute_ms") is not None]
+    models = list(dict.fromkeys((r["model"], r["scaling"]) for r in ok))
+    fig, axes = plt.subplots(
+        1, len(models), figsize=(max(5.2, 1.3 * len(ok) / max(1, len(models)) + 2.5) * len(models), 5.8), squeeze=False
+    )
+    for ax, (model, scaling) in zip(axes[0], models):
+        mine = [r for r in ok if r["model"] == model and r["scaling"] == scaling]
+        names = [
+            f"{r['backend']}\n{r['launcher']} ×{r['processes']}"
+            + (f"\n{r['setting']}" if r.get("setting", "default") != "default" else "")
+            for r in mine
+        ]
+        xs = list(range(len(mine)))
+        bottom = [0.0] * len(mine)
+        for key, colour in _COLOURS.items():
+            heights = [max(0.0, r[key] or 0.0) for r in mine]
+            ax.bar(xs, heights, 0.55, bottom=bottom, color=colour, label=BREAKDOWN_COLUMNS[key])
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        overlapped = [r.get("overlapped_comm_ms") or 0.0 for r in mine]
+        ax.bar(
+            [x + 0.36 for x in xs],
+            overlapped,
+            0.15,
+            color="white",
+            edgecolor="#d0603a",
+            hatch="///",
+            label="overlapped comm ms (during compute)",
+        )
+        ax.scatter(
+            xs, [r["step_ms_median"] for r in mine], marker="_", s=400, color="black", zorder=3, label="step ms median"
+        )
+        ax.set_xticks(xs)
+        ax.set_xticklabels(names, fontsize=7)
+        ax.set_ylabel("ms per step (median over launches)")
+        ax.set_title(f"{model}, {scaling} scaling", fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    fig.suptitle("Where a step's time goes (parts add up to the synced step of the interleaved pairs)")
+    fig.tight_layout(rect=(0, footer(fig, header), 1, 0.95))
+    return fig
+
+
 def _save(fig, path: Path) -> None:
     fig.savefig(path, dpi=110)
     require_pyplot().close(fig)
@@ -183,8 +233,6 @@ def write_plots(results: dict, out: Path) -> list:
         _save(busbw_figure(tables["sweep"], tables["memcpy"], header, unit), out / "busbw.png")
         written.append("busbw.png")
     if any(r["status"].startswith("ok") and r.get("compute_ms") is not None for r in tables["training"]):
-        from .breakdown import breakdown_figure
-
         _save(breakdown_figure(tables["training"], header), out / "breakdown.png")
         written.append("breakdown.png")
     if tables.get("projection"):
