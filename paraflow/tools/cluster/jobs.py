@@ -2,7 +2,7 @@
 
 A command on a host runs inside its namespace under its host name (a UTS namespace of its own,
 through ``unshare --uts``), with the caller's environment and working directory: like a shell
-on that host. A job is the :class:`~paraflow.tools.multihost.HostCommand` list for a launcher,
+on that host. A job is the :class:`~paraflow.tools.launch.HostCommand` list for a launcher,
 started together, waited for with one deadline, and on timeout killed with every process left
 in the cluster's namespaces.
 """
@@ -15,8 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from ..launch import LaunchResult, kill_tree, start_group
-from ..multihost import HostCommand, host_commands
+from ..launch import HostCommand, LaunchResult, host_commands, kill_tree, start_group
 from . import netns
 from .cluster import IFNAME, Cluster
 
@@ -44,7 +43,7 @@ def cluster_commands(
     env_keys: Sequence[str] = (),
     port: int = 29400,
 ) -> list[HostCommand]:
-    """:func:`~paraflow.tools.multihost.host_commands` for the first `hosts` hosts of `cluster`
+    """:func:`~paraflow.tools.launch.host_commands` for the first `hosts` hosts of `cluster`
     (default all), over its interface and through its ssh stand-in."""
     names = [h.name for h in cluster.hosts[: hosts or len(cluster.hosts)]]
     return host_commands(
