@@ -31,6 +31,7 @@ __all__ = [
     "mpi_family",
     "first_line",
     "launcher_family",
+    "command_output",
 ]
 
 # Run in a child: the version text of the MPI mpi4py loads (MPI_Get_library_version needs no MPI_Init).
@@ -95,7 +96,8 @@ def find_mpicc(python: str = sys.executable) -> Optional[str]:
     return shutil.which("mpicc")
 
 
-def _output(argv: list) -> str:
+def command_output(argv: list) -> str:
+    """What `argv` prints (stdout, then stderr) when it exits 0 within 30 s; else an empty string."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
@@ -115,8 +117,8 @@ def wrapper_mpi(python: str = sys.executable) -> Optional[WrapperMPI]:
     bindir = os.path.dirname(mpicc)
     source = "pypi" if bindir == os.path.dirname(os.path.abspath(python)) else "system"
     family, version = "unknown", "unknown"
-    mpich = _output([os.path.join(bindir, "mpichversion")])
-    ompi = "" if mpich else _output([os.path.join(bindir, "ompi_info"), "--version"])
+    mpich = command_output([os.path.join(bindir, "mpichversion")])
+    ompi = "" if mpich else command_output([os.path.join(bindir, "ompi_info"), "--version"])
     if mpich:
         family = "mpich"
         match = re.search(r"MPICH Version:\s*(\S+)", mpich)
@@ -126,7 +128,7 @@ def wrapper_mpi(python: str = sys.executable) -> Optional[WrapperMPI]:
         match = re.search(r"Open MPI v?(\d[\w.]*)", ompi)
         version = match.group(1) if match else version
     else:
-        first = _output([os.path.join(bindir, "mpirun"), "--version"]).strip().splitlines()
+        first = command_output([os.path.join(bindir, "mpirun"), "--version"]).strip().splitlines()
         if first:
             family = mpi_family(first[0]) or re.sub(r"[^a-z0-9]+", "", first[0].split()[0].lower()) or family
             match = re.search(r"(\d+\.\d+[\w.]*)", first[0])
@@ -142,7 +144,7 @@ def launcher_family(program: str) -> Optional[str]:
         return "mpich"
     if os.path.exists(os.path.join(bindir, "ompi_info")):
         return "openmpi"
-    text = _output([program, "--version"])
+    text = command_output([program, "--version"])
     if "HYDRA" in text:
         return "mpich"
     return mpi_family(text)
