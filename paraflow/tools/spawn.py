@@ -120,14 +120,7 @@ def launch(
             f"or pick a multi-process backend: paraflow.launch(fn, nprocs={nprocs}, backend='ddp')."
         )
     create(backend, **options)  # bad options fail here, before any process starts
-    try:
-        import cloudpickle
-    except ImportError:
-        raise MissingDependencyError(
-            "paraflow.launch sends the function to its processes with cloudpickle, which is not "
-            "installed (paraflow requires it; was it uninstalled?): `pip install cloudpickle`."
-        ) from None
-    outcomes = run_workers(call_in_backend, (fn, backend, options, args), nprocs, time_limit, pickler=cloudpickle)
+    outcomes = run_workers(call_in_backend, (fn, backend, options, args), nprocs, time_limit)
     for outcome in outcomes:
         if outcome.error:
             outcome.error["traceback"] = with_sources(outcome.error["traceback"], fn)
@@ -141,7 +134,6 @@ def run_workers(
     nprocs: int,
     time_limit: Optional[float],
     *,
-    pickler: Any = pickle,
     stream: bool = True,
     stop_on_failure: bool = True,
     rank_env: Optional[dict] = None,
@@ -149,24 +141,30 @@ def run_workers(
     """Run ``entry(*args)`` in `nprocs` worker processes on this host; one outcome per rank.
 
     Args:
-        entry: a picklable callable (by `pickler`).
+        entry: a callable cloudpickle can send (by value when defined in ``__main__``).
         args: its arguments.
         nprocs: how many workers.
         time_limit: seconds until every worker still running is killed (None: no limit).
-        pickler: the module that pickles the job (``pickle`` or ``cloudpickle``).
         stream: print each worker's output here with a ``[rankN]`` prefix (else only keep its tail).
         stop_on_failure: kill the others as soon as one rank fails.
         rank_env: extra variables per rank, rank -> {name: value}.
     """
     if not sys.executable:
         raise ConfigurationError("this Python does not know its own executable (sys.executable is empty).")
+    try:
+        import cloudpickle
+    except ImportError:
+        raise MissingDependencyError(
+            "paraflow.launch sends the function to its processes with cloudpickle, which is not "
+            "installed (paraflow requires it; was it uninstalled?): `pip install cloudpickle`."
+        ) from None
     workdir = Path(tempfile.mkdtemp(prefix="paraflow-launch-"))
     procs: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
     outcomes = [RankOutcome(rank) for rank in range(nprocs)]
     try:
         try:
-            job = pickler.dumps({"entry": entry, "args": args})
+            job = cloudpickle.dumps({"entry": entry, "args": args})
         except Exception as exc:
             raise ConfigurationError(
                 f"paraflow.launch cannot send the function or its arguments to the workers "

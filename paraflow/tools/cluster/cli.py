@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..flags import deprecated_alias
-from .cluster import IFNAME, Cluster, cluster_names
+from .cluster import IFNAME, Cluster, cluster_names, exec_argv
 from .netns import ClusterError
 
 __all__ = ["add_arguments", "main"]
@@ -60,8 +60,6 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    from .jobs import exec_argv
-
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise ClusterError(f"no command given: paraflow cluster exec {_flag(args)}{args.host} -- hostname")

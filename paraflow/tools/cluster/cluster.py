@@ -7,6 +7,19 @@ no route, so nothing in the cluster reaches anything outside it. A bandwidth lim
 each host's link in both directions. Everything the cluster makes carries the prefix
 ``pf-NAME-``; :meth:`Cluster.down` removes all of it, and :func:`remove_stale` the clusters that
 processes now dead left behind.
+
+Launchers reach another host through an ``ssh`` stand-in (:meth:`Cluster.ssh_agent`): Open MPI
+runs its rsh agent as ``AGENT HOST COMMAND...`` and horovodrun runs ``ssh -o ... HOST COMMAND``;
+both hand the remote shell one command line. The stand-in does what sshd does with it: a fresh
+login environment (no variable of the caller leaks through, so the launcher's own forwarding,
+``mpirun -x`` or horovodrun's exports, is what a rank gets), the host's name, and ``sh -c`` of
+the joined arguments, in the host's network namespace.
+
+A command on a host (:func:`exec_argv`, ``paraflow cluster exec``) runs inside its namespace under
+its host name (a UTS namespace of its own, through ``unshare --uts``), with the caller's
+environment and working directory: like a shell on that host. A job (:class:`ClusterJob`) is the
+:class:`~paraflow.tools.launch.HostCommand` list for a launcher, started together, waited for
+with one deadline, and on timeout killed with every process left in the cluster's namespaces.
 """
 
 from __future__ import annotations
@@ -15,15 +28,32 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
+from ..launch import HostCommand, LaunchResult, host_commands, kill_tree, start_group
 from . import netns
-from .agents import write_ssh_agent
 from .netns import ClusterError
 
-__all__ = ["Cluster", "Host", "SUBNET", "IFNAME", "STATE_ROOT", "cluster_names", "remove_stale", "owned_name"]
+__all__ = [
+    "Cluster",
+    "Host",
+    "SUBNET",
+    "IFNAME",
+    "STATE_ROOT",
+    "cluster_names",
+    "remove_stale",
+    "owned_name",
+    "exec_argv",
+    "cluster_commands",
+    "ClusterJob",
+]
 
 #: Every address the cluster hands out lies in this range (RFC 2544 benchmarking), no other.
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
@@ -35,6 +65,33 @@ STATE_ROOT = "/run/paraflow-cluster"
 _PREFIX = "pf-"
 _NAME = re.compile(r"[a-z0-9]{1,24}")
 _NETNS_ETC = "/etc/netns"  # `ip netns exec NS` mounts /etc/netns/NS/hosts over /etc/hosts
+#: The PATH sshd gives a login on Debian; what every remote command starts with.
+LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+_SSH_AGENT = """#!/bin/sh
+# ssh stand-in for the emulated cluster {cluster}: runs the command inside the host's network
+# namespace, under the host's name, in a fresh login environment. Written by `paraflow cluster up`.
+host=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -[BbcDEeFIiJLlmOopQRSWw]) shift 2 ;;
+    -*) shift ;;
+    *) if [ -z "$host" ]; then host=$1; shift; else break; fi ;;
+  esac
+done
+host=${{host#*@}}
+case "$host" in
+{table}
+  *) echo "ssh: Could not resolve hostname $host: not a host of the emulated cluster {cluster}" >&2; exit 255 ;;
+esac
+if [ $# -eq 0 ]; then
+  echo "ssh: the emulated cluster runs commands only; use: paraflow cluster exec $name -- COMMAND" >&2
+  exit 255
+fi
+exec ip netns exec "$ns" unshare --uts env -i HOME="${{HOME:-/root}}" USER="${{USER:-root}}" \\
+  LOGNAME="${{LOGNAME:-root}}" SHELL=/bin/sh LANG="${{LANG:-C.UTF-8}}" PATH={path} \\
+  sh -c 'hostname "$0" && exec sh -c "$1"' "$name" "$*"
+"""
 
 
 @dataclass(frozen=True)
@@ -152,7 +209,14 @@ class Cluster:
             with open(os.path.join(etc, "hosts"), "w") as f:
                 f.write(hosts_file)
         self.set_bandwidth(self.bandwidth)
-        write_ssh_agent(self.ssh_agent, self.name, [(h.name, h.address, h.namespace) for h in self.hosts])
+        table = "\n".join(
+            "  {0}|{1}) ns={2} name={0} ;;".format(*map(shlex.quote, (h.name, h.address, h.namespace)))
+            for h in self.hosts
+        )
+        os.makedirs(os.path.dirname(self.ssh_agent), exist_ok=True)
+        with open(self.ssh_agent, "w") as f:
+            f.write(_SSH_AGENT.format(cluster=self.name, table=table, path=shlex.quote(LOGIN_PATH)))
+        os.chmod(self.ssh_agent, 0o755)
         with open(os.path.join(self.state_dir, "cluster.json"), "w") as f:
             json.dump(self.describe(), f, indent=1)
 
@@ -245,3 +309,106 @@ def remove_stale(family: str) -> list[str]:
             Cluster(name, 1).down()
             stale.append(name)
     return stale
+
+
+def exec_argv(cluster: Cluster, host: str, argv: Sequence[str]) -> list[str]:
+    """The command line that runs `argv` on `host` of `cluster`."""
+    h = cluster.host(host)
+    return ["ip", "netns", "exec", h.namespace, "unshare", "--uts"] + [
+        "sh",
+        "-c",
+        'hostname "$0" && exec "$@"',
+        h.name,
+        *map(str, argv),
+    ]
+
+
+def cluster_commands(
+    cluster: Cluster,
+    launcher: str,
+    script: Sequence[str],
+    nproc_per_host: int = 1,
+    hosts: Optional[int] = None,
+    env_keys: Sequence[str] = (),
+    port: int = 29400,
+) -> list[HostCommand]:
+    """:func:`~paraflow.tools.launch.host_commands` for the first `hosts` hosts of `cluster`
+    (default all), over its interface and through its ssh stand-in."""
+    names = [h.name for h in cluster.hosts[: hosts or len(cluster.hosts)]]
+    return host_commands(
+        launcher,
+        names,
+        nproc_per_host,
+        script,
+        port=port,
+        ifname=IFNAME,
+        env_keys=env_keys,
+        rsh_agent=cluster.ssh_agent,
+    )
+
+
+class ClusterJob:
+    """The commands of one job, each started on its host; output kept in temporary files.
+
+    Args:
+        cluster: the cluster to run on.
+        commands: what to run where (see :func:`cluster_commands`).
+        env: variables added to every command's environment (a value of None removes one).
+        cwd: working directory on every host (one file system: the same path everywhere).
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        commands: Sequence[HostCommand],
+        env: Optional[Mapping[str, Optional[str]]] = None,
+        cwd: Optional[str] = None,
+    ) -> None:
+        self.cluster = cluster
+        self.commands = list(commands)
+        self.started = time.monotonic()
+        self._procs: list[tuple[subprocess.Popen, object, object]] = []
+        for command in self.commands:
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            argv = exec_argv(cluster, command.host, command.argv)
+            proc = start_group(argv, {**(env or {}), **command.env}, cwd, stdout=out, stderr=err)
+            self._procs.append((proc, out, err))
+
+    def poll(self) -> bool:
+        """True once every command has exited."""
+        return all(proc.poll() is not None for proc, _, _ in self._procs)
+
+    def wait(self, timeout: float) -> list[LaunchResult]:
+        """Wait for every command (at most `timeout` s from the start); kill everything on expiry.
+
+        Returns:
+            One result per command, in order; ``timed_out`` on all of them if the deadline passed.
+        """
+        deadline = self.started + timeout
+        timed_out = False
+        for proc, _, _ in self._procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+        if timed_out:
+            self.kill()
+        results, elapsed = [], time.monotonic() - self.started
+        for command, (proc, out, err) in zip(self.commands, self._procs):
+            proc.wait()
+            texts = []
+            for f in (out, err):
+                f.seek(0)
+                texts.append(f.read())
+                f.close()
+            argv = exec_argv(self.cluster, command.host, command.argv)
+            results.append(LaunchResult(argv, proc.returncode, texts[0], texts[1], elapsed, timed_out))
+        return results
+
+    def kill(self) -> None:
+        """SIGKILL every command with what it started, and every process left in the cluster."""
+        for proc, _, _ in self._procs:
+            kill_tree(proc.pid)
+        for ns in self.cluster.processes():
+            netns.kill_namespace_processes(ns)
