@@ -40,10 +40,8 @@ _SLURM_TASK = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")
 
 @dataclass
 class RunPlan:
-    """The launcher, the command per host (one for this host unless torchrun spans several) and the env."""
+    """The command per host (one for this host unless torchrun spans several) and the job's environment."""
 
-    backend: str
-    launcher: str
     commands: list  # (host or None, argv)
     env: dict = field(default_factory=dict)  # added (value) or removed (None) for the job
 
@@ -82,9 +80,7 @@ def choose_launcher(backend: str, requested: str, env: Mapping[str, str] = os.en
     A backend's later launchers are fallbacks for a first one not installed here (horovod:
     mpirun, else horovodrun --gloo).
     """
-    if requested != "auto":
-        if requested not in RUN_LAUNCHERS:
-            raise ConfigurationError(f"unknown launcher {requested!r}; choose one of {', '.join(RUN_LAUNCHERS)}.")
+    if requested != "auto":  # launch_command names the launchers when it knows none of that name
         return requested
     preferred = tuple(_backend_class(backend).LAUNCHERS)
     if preferred != ("python",) and env.get("SLURM_JOB_ID") and find_tool("srun"):
@@ -159,7 +155,7 @@ def plan_run(
         command = launch_command(chosen, nproc, args, port, env_keys=forward, hosts=host_list, must_exist=must_exist)
         commands = [(None, command)]
     job_env = {BACKEND_VARIABLE: name, **job_environment(chosen, 0 if host_list else nproc, env)}
-    return RunPlan(name, chosen, commands, job_env)
+    return RunPlan(commands, job_env)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
