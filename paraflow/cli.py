@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(
         sub.add_parser("bench", help="benchmark every backend available here: tables, CSV, JSON, plots")
     ).set_defaults(func=bench.run_from_args)
-    from .tools.cluster import cli as cluster
+    from .tools import cluster
 
     cluster.add_arguments(
         sub.add_parser("cluster", help="an emulated multi-host cluster on this machine (root): up, exec, down")

@@ -24,7 +24,7 @@ from typing import Optional
 
 from ..core.placement import cores
 from ..environment.launchers import launcher_tools, launcher_variables
-from ..environment.mpi_yield import MPI_YIELD
+from ..environment.mpi_library import MPI_YIELD
 from ..errors import ConfigurationError, ParaflowError
 from .flags import deprecated_alias
 from .launch import find_tool, kill_descendants, launch_command, run_launch

@@ -20,41 +20,159 @@ its host name (a UTS namespace of its own, through ``unshare --uts``), with the 
 environment and working directory: like a shell on that host. A job (:class:`ClusterJob`) is the
 :class:`~paraflow.tools.launch.HostCommand` list for a launcher, started together, waited for
 with one deadline, and on timeout killed with every process left in the cluster's namespaces.
+
+``paraflow cluster up|exec|down|status`` (:func:`add_arguments`, :func:`main`) drive it from the
+shell. The namespaces, links and shaping are made by the real ``ip`` and ``tc``
+(:func:`run`): every failure becomes a :class:`ClusterError` with the command and its message, so
+a half-built cluster is never mistaken for a working one.
 """
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from ..launch import HostCommand, LaunchResult, host_commands, kill_tree, start_group
-from . import netns
-from .netns import ClusterError
+from ..errors import ParaflowError
+from .flags import deprecated_alias
+from .launch import HostCommand, LaunchResult, host_commands, kill_tree, start_group
 
 __all__ = [
     "Cluster",
-    "Host",
-    "SUBNET",
-    "IFNAME",
-    "STATE_ROOT",
-    "cluster_names",
-    "remove_stale",
-    "owned_name",
-    "exec_argv",
-    "cluster_commands",
+    "ClusterError",
     "ClusterJob",
+    "Host",
+    "IFNAME",
+    "SUBNET",
+    "STATE_ROOT",
+    "add_arguments",
+    "cluster_commands",
+    "cluster_names",
+    "exec_argv",
+    "format_rate",
+    "main",
+    "namespaces",
+    "owned_name",
+    "parse_rate",
+    "remove_stale",
+    "support_problem",
 ]
 
+
+# ---------------------------------------------------------------- ip and tc
+class ClusterError(ParaflowError, RuntimeError):
+    """The emulated cluster could not be built, used or taken down."""
+
+
+def support_problem() -> Optional[str]:
+    """None when this machine can build an emulated cluster, else why not (for skips and errors)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "needs root (network namespaces): run as root or with sudo"
+    tools = (("ip", "iproute2"), ("tc", "iproute2"), ("sysctl", "procps"), ("unshare", "util-linux"))
+    for tool, package in (*tools, ("hostname", "hostname")):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is missing: apt-get install {package}"
+    probe = f"pfprobe{os.getpid()}"
+    try:
+        run(["ip", "netns", "add", probe])
+    except ClusterError as exc:
+        return f"`ip netns add` does not work here ({exc})"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+    return None
+
+
+def run(argv: list, namespace: Optional[str] = None, check: bool = True) -> str:
+    """Run `argv` (inside `namespace` when given, through `ip netns exec`); return its stdout."""
+    full = ["ip", "netns", "exec", namespace, *argv] if namespace else list(argv)
+    result = subprocess.run([str(a) for a in full], capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise ClusterError(f"`{' '.join(map(str, full))}` failed: {result.stderr.strip() or result.returncode}")
+    return result.stdout
+
+
+def namespaces() -> list[str]:
+    """Names of every network namespace `ip netns` knows."""
+    return [line.split()[0] for line in run(["ip", "netns", "list"]).splitlines() if line.strip()]
+
+
+def namespace_pids(name: str) -> list[int]:
+    """Processes whose network namespace is `name`."""
+    return [int(p) for p in run(["ip", "netns", "pids", name], check=False).split()]
+
+
+def kill_namespace_processes(name: str, wait_s: float = 10.0) -> list[int]:
+    """SIGKILL every process in namespace `name` until none is left; return the pids killed."""
+    killed: list[int] = []
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = namespace_pids(name)
+        if not pids:
+            return killed
+        if time.monotonic() > deadline:
+            raise ClusterError(f"processes {pids} in namespace {name} survived SIGKILL for {wait_s:g} s")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)bit", re.IGNORECASE)
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_rate(text: str) -> int:
+    """Bits per second from tc's notation: ``100mbit``, ``1gbit``, ``10gbit`` (powers of 1000)."""
+    match = _RATE.fullmatch(str(text).strip())
+    if not match or float(match.group(1)) <= 0:
+        raise ClusterError(
+            f"bandwidth {text!r} is not a rate tc understands in bits per second; "
+            "write it like 100mbit, 1gbit or 10gbit (paraflow cluster up --bandwidth 1gbit)."
+        )
+    return int(float(match.group(1)) * _SCALE[match.group(2).lower()])
+
+
+def format_rate(bits_per_s: int) -> str:
+    """The shortest tc notation for a rate: 1000000000 -> ``1gbit``."""
+    for unit, scale in (("t", 10**12), ("g", 10**9), ("m", 10**6), ("k", 10**3)):
+        if bits_per_s % scale == 0:
+            return f"{bits_per_s // scale}{unit}bit"
+    return f"{bits_per_s}bit"
+
+
+def shape(namespace: str, device: str, bits_per_s: Optional[int]) -> None:
+    """Limit `device`'s egress to `bits_per_s` with a token bucket (tbf); None removes the limit.
+
+    The bucket holds 2 ms of traffic (at least 256 KiB, so segmentation offload's 64 KiB packets
+    pass whole) and queues up to 50 ms before dropping, like a switch port's buffer.
+    """
+    if bits_per_s is None:
+        run(["tc", "qdisc", "del", "dev", device, "root"], namespace, check=False)
+        return
+    burst = max(256 * 1024, bits_per_s // 8 // 500)
+    run(
+        ["tc", "qdisc", "replace", "dev", device, "root", "tbf"]
+        + ["rate", f"{bits_per_s}bit", "burst", str(burst), "latency", "50ms"],
+        namespace,
+    )
+
+
+# ---------------------------------------------------------------- the cluster
 #: Every address the cluster hands out lies in this range (RFC 2544 benchmarking), no other.
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
 _HOST_NET = ipaddress.ip_network("198.18.0.0/24")
@@ -127,7 +245,7 @@ class Cluster:
             raise ClusterError(f"--tcp-retries2 {tcp_retries2}: choose 1 to 30 (Linux's default is 15).")
         self.name = name
         self.tcp_retries2 = tcp_retries2
-        self.bits_per_s = netns.parse_rate(bandwidth) if bandwidth else None
+        self.bits_per_s = parse_rate(bandwidth) if bandwidth else None
         self.hosts = [
             Host(f"node{i}", str(_HOST_NET.network_address + i + 1), f"{self.prefix}node{i}") for i in range(hosts)
         ]
@@ -156,7 +274,7 @@ class Cluster:
     @property
     def bandwidth(self) -> Optional[str]:
         """Each host link's rate in tc notation, or None."""
-        return netns.format_rate(self.bits_per_s) if self.bits_per_s else None
+        return format_rate(self.bits_per_s) if self.bits_per_s else None
 
     def host(self, name: str) -> Host:
         """The host called `name` (``node1``), or its address."""
@@ -168,12 +286,12 @@ class Cluster:
 
     def exists(self) -> bool:
         """True when any namespace of this cluster is present."""
-        return any(ns.startswith(self.prefix) for ns in netns.namespaces())
+        return any(ns.startswith(self.prefix) for ns in namespaces())
 
     # ---------------------------------------------------------------- life cycle
     def up(self) -> Cluster:
         """Build the switch, the hosts and their links; on any failure remove what was built."""
-        problem = netns.support_problem()
+        problem = support_problem()
         if problem:
             raise ClusterError(f"cannot build an emulated cluster here: {problem}")
         if self.exists():
@@ -189,7 +307,7 @@ class Cluster:
         return self
 
     def _build(self) -> None:
-        run, sw = netns.run, self.switch
+        sw = self.switch
         run(["ip", "netns", "add", sw])
         run(["ip", "-n", sw, "link", "set", "lo", "up"])
         run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
@@ -222,31 +340,31 @@ class Cluster:
 
     def set_bandwidth(self, bandwidth: Optional[str]) -> None:
         """Limit every host link, both directions, to `bandwidth` (tc notation); None lifts the limit."""
-        self.bits_per_s = netns.parse_rate(bandwidth) if bandwidth else None
+        self.bits_per_s = parse_rate(bandwidth) if bandwidth else None
         for i, host in enumerate(self.hosts):
-            netns.shape(host.namespace, IFNAME, self.bits_per_s)  # host -> switch
-            netns.shape(self.switch, f"port{i}", self.bits_per_s)  # switch -> host
+            shape(host.namespace, IFNAME, self.bits_per_s)  # host -> switch
+            shape(self.switch, f"port{i}", self.bits_per_s)  # switch -> host
         if os.path.isdir(self.state_dir):
             with open(os.path.join(self.state_dir, "cluster.json"), "w") as f:
                 json.dump(self.describe(), f, indent=1)
 
     def set_link(self, host: str, up: bool) -> None:
         """Take `host`'s interface down (its cable pulled) or bring it back up."""
-        netns.run(["ip", "-n", self.host(host).namespace, "link", "set", IFNAME, "up" if up else "down"])
+        run(["ip", "-n", self.host(host).namespace, "link", "set", IFNAME, "up" if up else "down"])
 
     def processes(self) -> dict[str, list[int]]:
         """The processes running in each namespace of this cluster that has any."""
-        found = {ns: netns.namespace_pids(ns) for ns in netns.namespaces() if ns.startswith(self.prefix)}
+        found = {ns: namespace_pids(ns) for ns in namespaces() if ns.startswith(self.prefix)}
         return {ns: pids for ns, pids in found.items() if pids}
 
     def down(self) -> list[str]:
         """Kill every process in the cluster, remove its namespaces (links and bridge go with them),
         hosts files and state; return the namespaces removed. Safe to repeat."""
         removed = []
-        for ns in netns.namespaces():
+        for ns in namespaces():
             if ns.startswith(self.prefix):
-                netns.kill_namespace_processes(ns)
-                netns.run(["ip", "netns", "del", ns])
+                kill_namespace_processes(ns)
+                run(["ip", "netns", "del", ns])
                 removed.append(ns)
         if os.path.isdir(_NETNS_ETC):
             for entry in os.listdir(_NETNS_ETC):
@@ -287,7 +405,7 @@ class Cluster:
 
 def cluster_names() -> list[str]:
     """Names of the clusters whose namespaces exist now."""
-    found = {ns[len(_PREFIX) :].split("-")[0] for ns in netns.namespaces() if ns.startswith(_PREFIX)}
+    found = {ns[len(_PREFIX) :].split("-")[0] for ns in namespaces() if ns.startswith(_PREFIX)}
     return sorted(n for n in found if _NAME.fullmatch(n))
 
 
@@ -411,4 +529,90 @@ class ClusterJob:
         for proc, _, _ in self._procs:
             kill_tree(proc.pid)
         for ns in self.cluster.processes():
-            netns.kill_namespace_processes(ns)
+            kill_namespace_processes(ns)
+
+
+# ---------------------------------------------------------------- paraflow cluster
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The cluster subcommands, under `parser`."""
+    sub = parser.add_subparsers(dest="action", required=True)
+    up = sub.add_parser("up", help="create hosts node0..nodeN-1 as network namespaces joined by a switch")
+    up.add_argument("--nodes", type=int, default=2, metavar="N", help="number of hosts, node0..nodeN-1 (default 2)")
+    deprecated_alias(up, "--hosts", "--nodes")
+    up.add_argument("--bandwidth", default=None, help="rate of each host link, both directions (1gbit, 100mbit)")
+    up.add_argument(
+        "--tcp-retries2",
+        type=int,
+        default=5,
+        help="hosts' net.ipv4.tcp_retries2: 5 (default) gives up on a silent peer in ~13 s, Linux's 15 in ~15 min",
+    )
+    run = sub.add_parser("exec", help="run a command on one host: paraflow cluster exec node1 -- hostname")
+    run.add_argument("host", help="node0, node1, ... or the host's address")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    sub.add_parser("down", help="kill every process on the hosts and remove the cluster")
+    status = sub.add_parser("status", help="hosts, addresses, bandwidth and processes of the cluster")
+    status.add_argument("--json", action="store_true", help="print it as JSON")
+    for action in sub.choices.values():
+        action.add_argument("--name", default="cluster", help="cluster name (default: cluster)")
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run one subcommand; a ClusterError is printed as one line and exits 2."""
+    try:
+        return _ACTIONS[args.action](args)
+    except ClusterError as exc:
+        print(f"paraflow cluster {args.action}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _up(args: argparse.Namespace) -> int:
+    cluster = Cluster(args.name, args.nodes, args.bandwidth, args.tcp_retries2).up()
+    link = f"links shaped to {cluster.bandwidth} each way" if cluster.bandwidth else "links unshaped"
+    print(f"cluster {cluster.name}: {len(cluster.hosts)} hosts on {IFNAME}, {link}")
+    for host in cluster.hosts:
+        print(f"  {host.name:8s} {host.address:14s} namespace {host.namespace}")
+    print(f"run on a host:      paraflow cluster exec {_flag(args)}node0 -- hostname")
+    print(f"ssh stand-in:       {cluster.ssh_agent}  (mpirun --mca plm_rsh_agent, or first on PATH)")
+    print(f"remove everything:  paraflow cluster down {_flag(args)}".rstrip())
+    return 0
+
+
+def _exec(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise ClusterError(f"no command given: paraflow cluster exec {_flag(args)}{args.host} -- hostname")
+    argv = exec_argv(Cluster.load(args.name), args.host, cmd)
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
+    return 127  # not reached
+
+
+def _down(args: argparse.Namespace) -> int:
+    removed = Cluster(args.name, 1).down()
+    print(f"cluster {args.name}: removed {len(removed)} namespaces" + (f" ({', '.join(removed)})" if removed else ""))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    names = cluster_names()
+    if args.name not in names:
+        others = f"; clusters up: {', '.join(names)}" if names else ""
+        raise ClusterError(f"no cluster named {args.name!r} is up{others}. Start one: paraflow cluster up")
+    cluster = Cluster.load(args.name)
+    state = {**cluster.describe(), "processes": cluster.processes()}
+    if args.json:
+        print(json.dumps(state))
+        return 0
+    print(f"cluster {cluster.name}: {len(cluster.hosts)} hosts, bandwidth {cluster.bandwidth or 'unshaped'}")
+    for host in cluster.hosts:
+        pids = state["processes"].get(host.namespace, [])
+        print(f"  {host.name:8s} {host.address:14s} {len(pids)} processes")
+    return 0
+
+
+def _flag(args: argparse.Namespace) -> str:
+    return "" if args.name == "cluster" else f"--name {args.name} "
+
+
+_ACTIONS = {"up": _up, "exec": _exec, "down": _down, "status": _status}
