@@ -22,7 +22,7 @@ from ..reliability.deadlines import call_with_deadline
 from ..reliability.debug import debug_enabled, enable_torch_debug
 from ..reliability.translation import collective_errors, startup_errors
 
-__all__ = ["TorchDistributedBackend", "store_for_this_attempt", "process_group_transport"]
+__all__ = ["TorchDistributedBackend", "check_master", "store_for_this_attempt", "process_group_transport"]
 
 _TORCH_OPS = {"sum": "SUM", "mean": "SUM", "min": "MIN", "max": "MAX"}
 
@@ -86,7 +86,7 @@ class TorchDistributedBackend(Backend):
             return
         env = self.env
         if env.launcher == "torchrun":
-            _check_master(env)
+            check_master(env)
             init_method = "env://"  # torchrun's agent already holds the store at MASTER_PORT
             addr, port = env.master_addr, env.master_port
         else:
@@ -198,7 +198,7 @@ class TorchDistributedBackend(Backend):
             dist.barrier()
 
 
-def _check_master(env) -> None:
+def check_master(env) -> None:
     """torchrun's variables without rank 0's address: say which are missing, not torch's ValueError."""
     missing = [
         name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port)) if not value
