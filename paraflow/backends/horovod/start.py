@@ -34,7 +34,7 @@ from ...environment.scoped_env import ScopedEnv
 from ...errors import BackendUnavailableError, ConfigurationError, LauncherError
 from ...reliability.deadlines import call_with_deadline
 from ...reliability.translation import startup_errors
-from ..torch_distributed import check_master
+from ..torch_distributed import check_master, store_for_this_attempt
 
 __all__ = [
     "launch_commands",
@@ -53,7 +53,6 @@ _mpi_session_ran = False  # after one, horovod 0.28.1 builds gloo contexts from 
 # Tuning knobs fixed by earlier horovod sessions in this process (None: horovod never started here).
 _TUNED_KNOBS = {"HOROVOD_FUSION_THRESHOLD": "fusion_threshold_mb", "HOROVOD_CYCLE_TIME": "cycle_time_ms"}
 _knobs_fixed_before: Optional[frozenset] = None
-_generation = 0  # gloo rendezvous started by this process so far; keeps store keys fresh on re-init
 
 
 def launch_commands(world_size: int) -> str:
@@ -300,10 +299,11 @@ class GlooRendezvous:
         """
         from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
-        global _generation
-        _generation += 1
         env = self.env
-        store = self._store = self._connect(_generation)
+        serve = self.serve_store and env.rank == 0
+        store = self._store = store_for_this_attempt(
+            self.store_addr, self.store_port, env.world_size, self.timeout, serve=serve
+        )
         hostname = socket.gethostname()
         store.set(f"host/{env.rank}", hostname)
         hosts = self._gather_hosts(store)
@@ -360,22 +360,6 @@ class GlooRendezvous:
             self._env_vars.restore()
 
     # ---------------------------------------------------------------- helpers
-    def _connect(self, generation: int):
-        import torch.distributed as dist
-
-        is_server = self.serve_store and self.env.rank == 0
-        store = dist.TCPStore(
-            self.store_addr,
-            self.store_port,
-            self.env.world_size,
-            is_server,
-            timeout=datetime.timedelta(seconds=self.timeout),
-            wait_for_workers=False,
-        )
-        run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        return dist.PrefixStore(f"paraflow/horovod/{run}/{restart}/{generation}/", store)
-
     def _gather_hosts(self, store) -> list[str]:
         keys = [f"host/{r}" for r in range(self.env.world_size)]
         store.wait(keys)

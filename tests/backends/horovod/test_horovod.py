@@ -303,7 +303,7 @@ def test_rendezvous_gives_horovods_local_and_cross_ranks(monkeypatch, hosts, ran
     local_size = hosts.count(hosts[rank])
     env = ProcessEnvironment("torchrun", rank, len(hosts), local_rank, local_size, "a", 1)
     rendezvous = start.GlooRendezvous(env, "a", 1, serve_store=False, timeout=5)
-    monkeypatch.setattr(rendezvous, "_connect", lambda generation: Store(server=b"127.0.0.1:1"))
+    monkeypatch.setattr(start, "store_for_this_attempt", lambda *args, **kwargs: Store(server=b"127.0.0.1:1"))
     monkeypatch.setattr(rendezvous, "_gather_hosts", lambda store: hosts)
     monkeypatch.setattr(start.socket, "gethostname", lambda: hosts[rank])
     try:
