@@ -19,7 +19,7 @@ from . import (
 from .core.backend import Backend
 from .core.current import current, is_main, local_rank, rank, world_size
 from .core.registry import available_backends, register, registered_names, spec
-from .environment import ProcessEnvironment, detect_environment
+from .environment.launchers import ProcessEnvironment, detect_environment
 from .errors import *  # noqa: F403  (every error class, listed in errors.__all__)
 from .errors import ConfigurationError
 from .training.checkpoint import load_checkpoint, save_checkpoint

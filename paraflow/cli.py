@@ -16,12 +16,6 @@ def _backends(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from .bench.driver.cli import run_from_args
-
-    return run_from_args(args)
-
-
 def _check(args: argparse.Namespace) -> int:
     if getattr(args, "check_command", None) == "comm" or args.legacy_comm:
         from .tools.comm_check import run_from_args as comm_check
@@ -35,22 +29,10 @@ def _check(args: argparse.Namespace) -> int:
     return check_main(as_json=args.json, json_dir=args.json_dir)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from .tools.run import run_from_args
-
-    return run_from_args(args)
-
-
 def _build_horovod(args: argparse.Namespace) -> int:
     from .backends.horovod.build import build_and_install
 
     return build_and_install(args.python, args.force)
-
-
-def _cluster(args: argparse.Namespace) -> int:
-    from .tools.cluster.cli import main as cluster_main
-
-    return cluster_main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,24 +76,26 @@ def build_parser() -> argparse.ArgumentParser:
             "comm", help="live test: run four collectives on every backend that can run here, in new processes"
         )
     )
-    from .tools.run import add_arguments as add_run_arguments
+    from .tools import run
 
-    add_run_arguments(
+    run.add_arguments(
         sub.add_parser("run", help="start a script under the launcher its backend wants (torchrun, mpirun, ...)")
-    ).set_defaults(func=_run)
+    ).set_defaults(func=run.run_from_args)
     from .backends.horovod.build import add_arguments as add_build_arguments
 
     add_build_arguments(
         sub.add_parser("build-horovod", help="build horovod against this torch (MPI and gloo), cached, and install it")
     ).set_defaults(func=_build_horovod)
-    from .bench.driver.cli import add_arguments as add_bench_arguments
+    from .bench.driver import cli as bench
 
-    bench = sub.add_parser("bench", help="benchmark every backend available here: tables, CSV, JSON, plots")
-    add_bench_arguments(bench).set_defaults(func=_bench)
-    from .tools.cluster.cli import add_arguments as add_cluster_arguments
+    bench.add_arguments(
+        sub.add_parser("bench", help="benchmark every backend available here: tables, CSV, JSON, plots")
+    ).set_defaults(func=bench.run_from_args)
+    from .tools import cluster
 
-    cluster = sub.add_parser("cluster", help="an emulated multi-host cluster on this machine (root): up, exec, down")
-    add_cluster_arguments(cluster).set_defaults(func=_cluster)
+    cluster.add_arguments(
+        sub.add_parser("cluster", help="an emulated multi-host cluster on this machine (root): up, exec, down")
+    ).set_defaults(func=cluster.main)
     return parser
 
 

@@ -12,4 +12,4 @@ set -euo pipefail
 PY="${1:?usage: build_horovod.sh PYTHON [--force]}"
 shift
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m paraflow.backends.horovod.build --python "$PY" "$@"
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m paraflow.cli build-horovod --python "$PY" "$@"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraflow.backends.horovod.imports import horovod_missing_reason
+from paraflow.backends.horovod.info import horovod_missing_reason
 from paraflow.environment.launchers import launcher_variables
 from paraflow.tools.launch import launch_command, run_launch
 

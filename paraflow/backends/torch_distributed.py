@@ -22,7 +22,7 @@ from ..reliability.deadlines import call_with_deadline
 from ..reliability.debug import debug_enabled, enable_torch_debug
 from ..reliability.translation import collective_errors, startup_errors
 
-__all__ = ["TorchDistributedBackend", "store_for_this_attempt", "process_group_transport"]
+__all__ = ["TorchDistributedBackend", "check_master", "store_for_this_attempt", "process_group_transport"]
 
 _TORCH_OPS = {"sum": "SUM", "mean": "SUM", "min": "MIN", "max": "MAX"}
 
@@ -86,7 +86,7 @@ class TorchDistributedBackend(Backend):
             return
         env = self.env
         if env.launcher == "torchrun":
-            _check_master(env)
+            check_master(env)
             init_method = "env://"  # torchrun's agent already holds the store at MASTER_PORT
             addr, port = env.master_addr, env.master_port
         else:
@@ -99,9 +99,9 @@ class TorchDistributedBackend(Backend):
         def start() -> None:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)  # the helper thread's own current device
-            store = (
-                store_for_this_attempt(addr, port, env.world_size, self.timeout) if env.launcher == "torchrun" else None
-            )  # torchrun restarts reuse its store
+            agent_store = env.launcher == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            # torchrun's restarts reuse its agent's store
+            store = store_for_this_attempt(addr, port, env.world_size, self.timeout) if agent_store else None
             where = {"store": store} if store is not None else {"init_method": init_method}
             dist.init_process_group(
                 self.transport,
@@ -198,7 +198,7 @@ class TorchDistributedBackend(Backend):
             dist.barrier()
 
 
-def _check_master(env) -> None:
+def check_master(env) -> None:
     """torchrun's variables without rank 0's address: say which are missing, not torch's ValueError."""
     missing = [
         name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port)) if not value
@@ -212,26 +212,30 @@ def _check_master(env) -> None:
         )
 
 
-_SESSIONS = 0  # process groups this process started on torchrun's agent store
+_SESSIONS = 0  # stores this process opened on the launcher's address, one per session
 
 
-def store_for_this_attempt(address: str, port: int, world_size: int, timeout: float):
-    """torchrun's agent store under a prefix for this restart attempt, or None without an agent store.
+def store_for_this_attempt(address: str, port: int, world_size: int, timeout: float, *, serve: bool = False):
+    """The TCPStore at `address`:`port` (served here when `serve`) under a prefix for this restart
+    attempt and this session.
 
     torchrun's static rendezvous (the default with --master_addr/--master_port) keeps one store
     across restarts and torch adds no per-attempt prefix, so a restarted rank can read the
     address a killed rank published before and fail to connect (seen here in about half the
     restarts). A prefix per TORCHELASTIC_RESTART_COUNT keeps the attempts apart, and one per
-    process group started in this process keeps a second ``paraflow.init`` of the same job apart
-    from the first (every rank starts its groups in the same order).
+    session started in this process keeps a second ``paraflow.init`` of the same job apart
+    from the first (every rank starts its sessions in the same order).
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    import torch.distributed as dist
-
     global _SESSIONS
-    _SESSIONS += 1  # a second paraflow.init in one process must not read the first one's keys
-    store = dist.TCPStore(address, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+    _SESSIONS += 1
+    store = dist.TCPStore(
+        address,
+        port,
+        world_size,
+        is_master=serve,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"/paraflow/attempt_{attempt}/session_{_SESSIONS}", store)
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..environment.launchers import ProcessEnvironment, detect_environment
-from ..environment.mpi_yield import apply_mpi_yield
+from ..environment.mpi_library import apply_mpi_yield
 from ..errors import BackendUnavailableError, NotInitializedError
 from ..reliability.activity import attach_markers, attach_step_marker
 from ..reliability.debug import debug_enabled

@@ -4,14 +4,3 @@ Knows environment variables and mpi4py only, never a backend. One launcher per e
 table in :mod:`paraflow.environment.launchers`; rank 0's address for launchers that do not set
 it in :mod:`paraflow.environment.rendezvous`.
 """
-
-from .launchers import LAUNCHERS, ProcessEnvironment, detect_environment, expand_hostlist, free_port, launcher_variables
-
-__all__ = [
-    "ProcessEnvironment",
-    "detect_environment",
-    "LAUNCHERS",
-    "expand_hostlist",
-    "launcher_variables",
-    "free_port",
-]

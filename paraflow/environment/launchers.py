@@ -147,23 +147,13 @@ def launcher_label(name: str) -> str:
     return next((x.label for x in LAUNCHERS if x.name == name and x.label), name)
 
 
-# Every variable a launcher sets for the processes it starts (besides MASTER_ADDR / MASTER_PORT).
+# Every variable a launcher sets for the processes it starts: the table's, torchrun's others, and
+# whole families of MPI's and SLURM's.
 _LAUNCHER_PREFIXES = ("OMPI_COMM_WORLD_", "PMI_", "PMIX_", "SLURM_", "HOROVOD_", "MV2_COMM_WORLD_", "MPI_LOCAL")
-_LAUNCHER_NAMES = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "PARAFLOW_RANK",
-    "PARAFLOW_WORLD_SIZE",
-    "PARAFLOW_LOCAL_RANK",
-    "PARAFLOW_LOCAL_WORLD_SIZE",
-)
+_LAUNCHER_NAMES = {
+    *(name for x in LAUNCHERS for name in (x.rank, x.world_size, x.local_rank, x.local_world_size) if name),
+    *("GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"),
+}
 
 
 def launcher_variables(env: Mapping[str, str]) -> list:

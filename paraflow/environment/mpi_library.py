@@ -8,6 +8,16 @@ it); :func:`mpi4py_library` and :func:`linked_library` name the MPI that mpi4py 
 module (horovod's) load at run time, each probed in a child process so that no MPI is loaded or
 started in this one; :func:`mpi_family` reduces a library's version text to ``openmpi`` or
 ``mpich`` to compare them.
+
+Open MPI's ``mpi_yield_when_idle`` under mpirun, when the ranks fill every core
+(:func:`apply_mpi_yield`): Open MPI busy-polls while a rank waits for a message, and yields the
+core only when it knows the node is oversubscribed (more ranks than slots). When the ranks'
+threads fill every core (the default here: cores // local ranks threads each) and a library adds
+threads of its own (horovod's background thread), that polling starves them: on a 2-core machine
+horovod under mpirun ran 3-4 times slower. Open MPI reads its MCA variables from the environment
+in ``MPI_Init``, so setting ``OMPI_MCA_mpi_yield_when_idle=1`` in this process before MPI starts
+(mpi4py's import, ``hvd.init()``) has the effect of ``mpirun -x``.
+A value the user set (``mpirun --mca mpi_yield_when_idle 0`` arrives the same way) is kept.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+from .launchers import ProcessEnvironment
+
 __all__ = [
     "WrapperMPI",
     "wrapper_mpi",
@@ -31,6 +43,10 @@ __all__ = [
     "mpi_family",
     "first_line",
     "launcher_family",
+    "command_output",
+    "MPI_YIELD",
+    "apply_mpi_yield",
+    "mpi_yield_decision",
 ]
 
 # Run in a child: the version text of the MPI mpi4py loads (MPI_Get_library_version needs no MPI_Init).
@@ -95,7 +111,8 @@ def find_mpicc(python: str = sys.executable) -> Optional[str]:
     return shutil.which("mpicc")
 
 
-def _output(argv: list) -> str:
+def command_output(argv: list) -> str:
+    """What `argv` prints (stdout, then stderr) when it exits 0 within 30 s; else an empty string."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
@@ -115,8 +132,8 @@ def wrapper_mpi(python: str = sys.executable) -> Optional[WrapperMPI]:
     bindir = os.path.dirname(mpicc)
     source = "pypi" if bindir == os.path.dirname(os.path.abspath(python)) else "system"
     family, version = "unknown", "unknown"
-    mpich = _output([os.path.join(bindir, "mpichversion")])
-    ompi = "" if mpich else _output([os.path.join(bindir, "ompi_info"), "--version"])
+    mpich = command_output([os.path.join(bindir, "mpichversion")])
+    ompi = "" if mpich else command_output([os.path.join(bindir, "ompi_info"), "--version"])
     if mpich:
         family = "mpich"
         match = re.search(r"MPICH Version:\s*(\S+)", mpich)
@@ -126,7 +143,7 @@ def wrapper_mpi(python: str = sys.executable) -> Optional[WrapperMPI]:
         match = re.search(r"Open MPI v?(\d[\w.]*)", ompi)
         version = match.group(1) if match else version
     else:
-        first = _output([os.path.join(bindir, "mpirun"), "--version"]).strip().splitlines()
+        first = command_output([os.path.join(bindir, "mpirun"), "--version"]).strip().splitlines()
         if first:
             family = mpi_family(first[0]) or re.sub(r"[^a-z0-9]+", "", first[0].split()[0].lower()) or family
             match = re.search(r"(\d+\.\d+[\w.]*)", first[0])
@@ -142,7 +159,7 @@ def launcher_family(program: str) -> Optional[str]:
         return "mpich"
     if os.path.exists(os.path.join(bindir, "ompi_info")):
         return "openmpi"
-    text = _output([program, "--version"])
+    text = command_output([program, "--version"])
     if "HYDRA" in text:
         return "mpich"
     return mpi_family(text)
@@ -199,3 +216,39 @@ def _probe(python: str, code: str, *args: str) -> Optional[dict]:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
+
+
+# ---------------------------------------------------------------- Open MPI's yield_when_idle
+MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
+
+
+def _mpi_started() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized()
+
+
+def mpi_yield_decision(env: ProcessEnvironment, threads: int, cores: int) -> Optional[str]:
+    """Why paraflow leaves the setting alone, or None when it should set it.
+
+    Args:
+        env: this process's place in the job.
+        threads: torch threads each local rank runs.
+        cores: CPU cores this process may use.
+    """
+    if env.launcher != "openmpi":
+        return "not started by Open MPI's mpirun"
+    if MPI_YIELD in os.environ:
+        return f"{MPI_YIELD}={os.environ[MPI_YIELD]} is set already"
+    if env.local_world_size * threads < cores:
+        return f"{env.local_world_size} ranks x {threads} threads leave cores free"
+    if _mpi_started():
+        return "MPI started before paraflow.init(), too late to change it"
+    return None
+
+
+def apply_mpi_yield(env: ProcessEnvironment, threads: int, cores: int) -> bool:
+    """Set ``OMPI_MCA_mpi_yield_when_idle=1`` when :func:`mpi_yield_decision` allows; True if set."""
+    if mpi_yield_decision(env, threads, cores) is not None:
+        return False
+    os.environ[MPI_YIELD] = "1"
+    return True

@@ -2,6 +2,21 @@
 
 Used by ``paraflow run``, the benchmarks and the tests; a run that ends, times out or is
 interrupted takes its whole process group down with it, so a hung rank never outlives its launch.
+
+:func:`host_commands` builds the commands that start one job across several hosts, for each
+launcher, as its documentation says:
+
+* torchrun: one agent per host, all meeting at a c10d rendezvous on the first host;
+* mpirun: one command on the first host; Open MPI starts the other hosts' daemons through its rsh
+  agent (ssh by default);
+* horovodrun: one command on the first host; horovodrun reaches the others with `ssh`.
+
+mpirun's and horovodrun's lines are :func:`launch_command`'s for those hosts, with what crossing
+hosts needs added: the interface the ranks talk over, the program that reaches another host, and
+Open MPI's keepalive probes. (``paraflow run --hosts`` starts torchrun with its static rendezvous
+and a node rank per host instead.) Nothing here knows how a host is reached: a real cluster runs
+each :class:`HostCommand` over ssh, the emulated one (:mod:`paraflow.tools.cluster`) inside the
+host's namespace.
 """
 
 from __future__ import annotations
@@ -12,8 +27,9 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from ..environment.launchers import free_port, launcher_tools
@@ -23,17 +39,18 @@ from ..errors import ConfigurationError, MissingDependencyError
 __all__ = [
     "find_tool",
     "start_group",
-    "LAUNCHER_NAMES",
     "launch_command",
     "run_launch",
     "LaunchResult",
-    "default_launcher",
     "kill_tree",
     "kill_descendants",
     "mpirun_prefix",
+    "HostCommand",
+    "host_commands",
+    "MULTIHOST_LAUNCHERS",
+    "OOB_KEEPALIVE",
 ]
 
-LAUNCHER_NAMES = launcher_tools()
 HOROVODRUN_HINT = "install horovod: `make install` or scripts/build_horovod.sh"
 SRUN_HINT = "srun comes with SLURM: run inside an allocation (`salloc -n N`) on a SLURM cluster"
 
@@ -114,8 +131,6 @@ def launch_command(
         must_exist: False names a launcher missing here by its bare name (a command to print).
     """
     python = sys.executable
-    if hosts and sum(n for _, n in hosts) != nproc:
-        raise ConfigurationError(f"the hosts hold {sum(n for _, n in hosts)} processes, not {nproc}.")
     if launcher == "python":
         if nproc != 1 or (hosts and len(hosts) > 1):
             raise ConfigurationError("the python launcher starts exactly one process, on this host.")
@@ -156,14 +171,7 @@ def launch_command(
             where = ["--nodelist", ",".join(h for h, _ in hosts), "--ntasks-per-node", str(hosts[0][1])]
         tool = _tool("srun", SRUN_HINT, must_exist)
         return [tool, "-n", str(nproc), *where, "--kill-on-bad-exit=1", python, *script]
-    raise ConfigurationError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHER_NAMES)}.")
-
-
-def default_launcher(backend: str, nproc: int) -> str:
-    """The launcher a backend is normally started with: the first of its class's LAUNCHERS."""
-    from ..core.registry import spec
-
-    return spec(backend).load().LAUNCHERS[0]
+    raise ConfigurationError(f"unknown launcher {launcher!r}; choose one of {', '.join(launcher_tools())}.")
 
 
 @dataclass
@@ -279,3 +287,79 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+MULTIHOST_LAUNCHERS = launcher_tools(multihost=True)
+#: Open MPI's daemons probe their idle connections after 10 s, every 5 s, 3 times (defaults 300 s,
+#: 20 s, 9): a daemon on a host cut off from mpirun then notices within 25 s, not 8 minutes.
+OOB_KEEPALIVE = {"oob_tcp_keepalive_time": 10, "oob_tcp_keepalive_intvl": 5, "oob_tcp_keepalive_probes": 3}
+
+
+@dataclass(frozen=True)
+class HostCommand:
+    """What to run on one host: the command and the variables to set there first."""
+
+    host: str
+    argv: list
+    env: dict = field(default_factory=dict)
+
+
+def host_commands(
+    launcher: str,
+    hosts: Sequence[str],
+    nproc_per_host: int,
+    script: Sequence[str],
+    *,
+    port: int = 29400,
+    ifname: Optional[str] = None,
+    env_keys: Sequence[str] = (),
+    rsh_agent: Optional[str] = None,
+    job_id: Optional[str] = None,
+) -> list[HostCommand]:
+    """The per-host commands that start `script` as ``len(hosts) * nproc_per_host`` processes.
+
+    Args:
+        launcher: torchrun, mpirun or horovodrun.
+        hosts: host names (or addresses) the launchers can resolve; the first hosts the rendezvous.
+        nproc_per_host: processes on each host.
+        script: the Python file and its arguments.
+        port: torchrun's rendezvous port on the first host.
+        ifname: the network interface ranks talk over (eth0): GLOO_SOCKET_IFNAME, Open MPI's
+            btl/oob_tcp_if_include, horovodrun's --network-interface. None lets each library choose.
+        env_keys: variables of the launching environment every rank needs (mpirun forwards them
+            with -x; horovodrun forwards the whole environment; torchrun runs where they are set).
+        rsh_agent: the program that runs a command on another host in place of ssh (mpirun's
+            plm_rsh_agent; for horovodrun its directory goes first on PATH, so it must be named ssh).
+        job_id: torchrun's rendezvous id (default: a fresh one).
+    """
+    if launcher not in MULTIHOST_LAUNCHERS:
+        raise ConfigurationError(f"unknown launcher {launcher!r}; across hosts: {', '.join(MULTIHOST_LAUNCHERS)}.")
+    if not hosts or nproc_per_host < 1:
+        raise ConfigurationError(
+            f"need at least one host and one process per host (got {list(hosts)}, {nproc_per_host})."
+        )
+    python, script = sys.executable, [str(s) for s in script]
+    env = {"GLOO_SOCKET_IFNAME": ifname} if ifname else {}
+    placement = [(host, nproc_per_host) for host in hosts]
+    total = len(hosts) * nproc_per_host
+    if launcher == "torchrun":
+        # c10d, the rendezvous torch documents for several nodes: no --node_rank to hand out.
+        argv = [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts))]
+        argv += ["--nproc_per_node", str(nproc_per_host), "--rdzv-backend", "c10d"]
+        argv += ["--rdzv-endpoint", f"{hosts[0]}:{port}", "--rdzv-id", job_id or uuid.uuid4().hex[:12]]
+        return [HostCommand(host, [*argv, *script], dict(env)) for host in hosts]
+    base = launch_command(launcher, total, script, env_keys=[*env, *env_keys], hosts=placement)
+    extra: list[str] = []  # goes before the Python command
+    if launcher == "mpirun":
+        if rsh_agent:
+            extra += ["--mca", "plm_rsh_agent", rsh_agent]
+        if ifname:
+            extra += ["--mca", "btl_tcp_if_include", ifname, "--mca", "oob_tcp_if_include", ifname]
+        for key, value in OOB_KEEPALIVE.items():
+            extra += ["--mca", key, str(value)]
+    else:
+        extra += ["--disable-cache"] + (["--network-interface", ifname] if ifname else [])
+        if rsh_agent:
+            env["PATH"] = os.path.dirname(rsh_agent) + os.pathsep + os.environ.get("PATH", "")
+    at = base.index(python)
+    return [HostCommand(hosts[0], [*base[:at], *extra, *base[at:]], env)]

@@ -5,9 +5,18 @@ import math
 import pytest
 import torch
 
-from paraflow.bench.report.costmodel import allreduce_s, coefficients, fit_alpha_beta, fit_sweep
-from paraflow.bench.report.predict import messages, predict_rows
-from paraflow.bench.report.projection import HOSTS, PUBLISHED, project, published_comparison
+from paraflow.bench.report.costmodel import (
+    HOSTS,
+    PUBLISHED,
+    allreduce_s,
+    coefficients,
+    fit_alpha_beta,
+    fit_sweep,
+    messages,
+    predict_rows,
+    project,
+    published_comparison,
+)
 from paraflow.errors import ConfigurationError
 
 SIZES = [4096 * 4**i for i in range(8)]  # 4K .. 64M, the sweep's defaults

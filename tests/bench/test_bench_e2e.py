@@ -15,12 +15,13 @@ import sys
 import pytest
 from conftest import RANK_ENV, ROOT
 
-from paraflow.bench.rank.trace import trace_name
-from paraflow.bench.report.breakdown import BREAKDOWN_COLUMNS, SUMMED
+from paraflow.bench.rank.train_loop import trace_name
 from paraflow.bench.report.outputs import csv_tables
 from paraflow.bench.report.tables import (
+    BREAKDOWN_COLUMNS,
     MEMCPY_COLUMNS,
     OVERHEAD_COLUMNS,
+    SUMMED,
     TRAINING_COLUMNS,
     build_tables,
     csv_columns,
@@ -145,7 +146,7 @@ def test_every_cell_ran_and_every_column_is_filled(run):
     assert all(r["wrong"] == 0 and r["busbw"] > 0 and r["raw_busbw"] > 0 and r["vs_raw"] > 0 for r in sweep)
     assert all(r["busbw_low"] <= r["busbw"] <= r["busbw_high"] for r in sweep)
     (overhead,) = results["tables"]["overhead"]
-    assert overhead["pairs"] == 6 and overhead["within_target"] and overhead["own_python_us"] > 0
+    assert overhead["pairs"] == 6 and overhead["within_target"]
     # measured in the last planned launch, after that launch's training, by every rank
     (carried,) = [c for c in results["cells"] if c.get("overhead")]
     assert carried["id"] == f"ddp-gloo-torchrun-2-r{REPEAT}"

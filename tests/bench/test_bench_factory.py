@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from paraflow.bench.driver.config import BenchConfig, ModelSpec
-from paraflow.bench.rank.factory import build_factory, call_model, check_factory, take
+from paraflow.bench.rank.factory import batch_samples, build_factory, call_model, check_factory, take
 from paraflow.bench.rank.train_loop import make_step
 from paraflow.errors import ConfigurationError
 
@@ -41,7 +41,7 @@ def test_specs_parse_builtins_factories_and_scripts():
 
 def test_a_pair_factory_gives_its_batch_and_cross_entropy_for_integer_targets():
     built = build_factory(spec("bench_factories:pair:hidden=7"), None, 10, batch_size=32)
-    assert built.samples == 8 and built.targets.dtype == torch.int64
+    assert batch_samples(built.inputs) == 8 and built.targets.dtype == torch.int64
     loss = built.loss(call_model(built.module, built.inputs), built.targets)
     assert loss.item() == pytest.approx(
         torch.nn.functional.cross_entropy(built.module(built.inputs), built.targets).item()
@@ -59,7 +59,7 @@ def test_float_targets_get_mean_squared_error():
 
 def test_a_bare_module_gets_a_synthetic_batch_of_input_shape_and_classes():
     built = build_factory(spec("bench_factories:bare:width=3"), (3, 6, 6), 5, batch_size=4)
-    assert built.inputs.shape == (4, 3, 6, 6) and built.targets.max() < 5 and built.samples == 4
+    assert built.inputs.shape == (4, 3, 6, 6) and built.targets.max() < 5 and batch_samples(built.inputs) == 4
     facts = check_factory(spec("bench_factories:bare:width=3"), (3, 6, 6), 5)
     assert facts["parameters"] == sum(p.numel() for p in built.module.parameters())
     assert facts["param_bytes"] == 4 * facts["parameters"]
@@ -101,7 +101,8 @@ def test_config_turns_the_overhead_off_without_a_builtin_model():
 def test_a_gpt2_from_a_config_trains_a_step():
     pytest.importorskip("transformers", reason="the GPT-2 example needs transformers (pip install transformers)")
     built = build_factory(spec("bench_factories:gpt2:layers=2"), None, 10, batch_size=2)
-    assert built.samples == 2 and check_factory(spec("bench_factories:gpt2:layers=2"), None, 10)["parameters"] > 0
+    assert batch_samples(built.inputs) == 2
+    assert check_factory(spec("bench_factories:gpt2:layers=2"), None, 10)["parameters"] > 0
     optimizer = torch.optim.SGD(built.module.parameters(), lr=0.01)
     step = make_step(built.module, optimizer, torch.device("cpu"), loss_fn=built.loss)
     first = float(step(built.inputs, built.targets))

@@ -2,7 +2,7 @@
 
 import torch
 
-from paraflow.bench.driver.speed_probe import probe_ms, probe_summary
+from paraflow.bench.driver.runner import probe_ms, probe_summary
 from paraflow.bench.report.compare import compare_runs, report
 from paraflow.bench.report.header import probe_line
 

@@ -1,4 +1,4 @@
-"""What each rank does before and around its timed steps: pinning, warm-up, the own-code profiler."""
+"""What each rank does before and around its timed steps: pinning, warm-up, the overhead's pairs."""
 
 import ast
 import os
@@ -7,9 +7,8 @@ import sys
 
 import pytest
 
-from paraflow.bench.rank.ownprofile import OwnTime, instrument_waits, is_own_file, profile_own_code
-from paraflow.bench.rank.pinning import cores_for, local_rank_from_env
-from paraflow.bench.rank.warmup import settled
+from paraflow.bench.rank.pinning import cores_for
+from paraflow.bench.rank.train_loop import settled
 
 
 def test_each_local_rank_takes_its_own_run_of_cores():
@@ -18,13 +17,6 @@ def test_each_local_rank_takes_its_own_run_of_cores():
     assert cores_for(1, 2, [0, 1, 2, 3]) == [2, 3]
     assert cores_for(2, 1, [0, 1]) == [0]  # more ranks than cores: wrap around
     assert cores_for(0, 8, [0, 1]) == [0, 1]  # never more cores than exist
-
-
-def test_local_rank_comes_from_whichever_launcher_started_the_process():
-    assert local_rank_from_env({"LOCAL_RANK": "1"}) == 1
-    assert local_rank_from_env({"OMPI_COMM_WORLD_LOCAL_RANK": "3"}) == 3
-    assert local_rank_from_env({"HOROVOD_LOCAL_RANK": "2"}) == 2
-    assert local_rank_from_env({}) == 0
 
 
 # Run in a fresh interpreter: the test process may hold gloo loops of its own (in-process groups of
@@ -66,121 +58,6 @@ def test_warm_up_ends_when_step_times_settle():
     assert settled([9.0, 5.0, 1.0, 1.05, 0.98, 1.0, 1.02, 0.99, 1.0, 1.01])
     assert not settled([5.0, 4.0, 3.0, 3.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0])  # still falling
     assert settled([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.05, 1.05, 1.08])  # within 10%
-
-
-def test_own_files_are_the_library_not_the_benchmark():
-    import paraflow
-    from paraflow.bench.rank import ownprofile
-    from paraflow.reliability import deadlines
-
-    assert is_own_file(deadlines.__file__) and is_own_file(paraflow.__file__)
-    assert not is_own_file(ownprofile.__file__) and not is_own_file(os.__file__)
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-class Frame:
-    def __init__(self, filename, back=None):
-        self.f_code = type("Code", (), {"co_filename": filename})()
-        self.f_back = back
-
-
-def test_own_time_charges_paraflow_frames_outside_calls_into_c():
-    from paraflow.reliability import deadlines
-
-    clock = Clock()
-    hook = OwnTime(clock)
-    user = Frame("/home/me/train.py")
-    ours = Frame(deadlines.__file__, back=user)
-    events = [  # (time, frame, event): the user calls paraflow, which calls C twice and returns
-        (1.0, ours, "call"),  # 1.0 .. 1.5 in paraflow
-        (1.5, ours, "c_call"),  # 1.5 .. 4.0 in C (a library call): not charged
-        (4.0, ours, "c_return"),  # 4.0 .. 4.25 in paraflow
-        (4.25, ours, "c_call"),
-        (6.0, ours, "c_return"),  # 6.0 .. 6.5 in paraflow
-        (6.5, ours, "return"),  # back in the user's frame: not charged
-        (9.0, user, "c_call"),
-    ]
-    for at, frame, event in events:
-        clock.now = at
-        hook(frame, event, None)
-    assert hook.total == pytest.approx(0.5 + 0.25 + 0.5)
-    assert hook.intervals == 3  # what profile_own_code multiplies the hook's dispatch cost by
-
-
-def test_the_hooks_dispatch_cost_is_measured_on_a_probe_counted_as_own():
-    from paraflow.bench.rank import ownprofile
-
-    clock = Clock()
-    probe = Frame("/home/me/probe.py")
-    hook = OwnTime(clock, own_codes=frozenset({probe.f_code}))
-    for at, event in ((1.0, "call"), (3.0, "c_call")):
-        clock.now = at
-        hook(probe, event, None)
-    assert (hook.total, hook.intervals) == (2.0, 1)
-    assert OwnTime(clock).own_codes == frozenset()  # nothing but paraflow's files counts otherwise
-    assert ownprofile.dispatch_cost(calls=200, repeats=3) >= 0.0
-
-
-def test_own_time_inside_a_bounded_wait_is_counted_apart():
-    from paraflow.reliability import deadlines
-
-    clock = Clock()
-    hook = OwnTime(clock)
-    ours = Frame(deadlines.__file__, back=Frame("/home/me/train.py"))
-    for at, waiting, event in (  # the flag at an event applies to the interval the event ends
-        (1.0, False, "call"),
-        (2.0, False, "c_call"),
-        (3.0, True, "c_return"),
-        (5.0, True, "return"),
-    ):
-        clock.now = at
-        hook.waiting = waiting
-        hook(ours, event, None)
-    # 1..2 outside a wait (charged to own), 3..5 inside one (charged to waiting)
-    assert (hook.total, hook.waiting_total) == (1.0, 2.0)
-
-
-def test_late_waiting_is_the_gap_before_the_poll_that_found_the_work_done():
-    from paraflow.reliability import deadlines
-
-    clock = Clock()
-    answers = iter([(False, 1.0), (False, 1.2), (True, 1.5), (True, 7.0)])
-
-    def done():
-        finished, clock.now = next(answers)
-        return finished
-
-    lateness = []
-    undo = instrument_waits(lateness, clock)
-    try:
-        deadlines.wait_until(done, 60, "first")  # unfinished at 1.2, finished at 1.5: at most 0.3 late
-        deadlines.wait_until(done, 60, "second")  # finished at the first poll: not late
-    finally:
-        undo()
-    assert lateness == [pytest.approx(0.3), 0.0]
-    assert deadlines.wait_until.__name__ == "wait_until" and "instrument" not in deadlines.wait_until.__qualname__
-
-
-def test_profiling_a_real_step_restores_everything():
-    import sys
-
-    from paraflow.reliability import deadlines
-
-    original = deadlines.wait_until
-    polls = iter([False, True])
-    result = profile_own_code(lambda: deadlines.wait_until(lambda: next(polls), 5, "x"), 1)
-    assert result["profiled_steps"] == 1 and len(result["late_wait_s"]) == 1
-    assert result["own_python_s"][0] == 0.0 and result["waiting_python_s"][0] > 0  # the polling loop: inside a wait
-    assert deadlines.wait_until is original and sys.getprofile() is None
 
 
 def test_overhead_pairs_fit_the_time_budget_on_the_slowest_rank():

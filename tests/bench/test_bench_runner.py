@@ -73,7 +73,7 @@ def test_pinning_is_on_unless_other_threads_hold_every_core_at_the_start():
 
 
 def test_runnable_threads_are_read_from_the_kernels_run_queue(tmp_path):
-    from paraflow.bench.driver.busy import runnable_others
+    from paraflow.bench.driver.config import runnable_others
 
     loadavg = tmp_path / "loadavg"
     loadavg.write_text("2.61 1.90 1.02 3/187 4242\n")
@@ -150,8 +150,7 @@ def test_local_update_skips_horovod_style_synchronisation_only():
 
 
 def test_overhead_pairs_get_what_the_time_budget_leaves():
-    from paraflow.bench.driver.overhead_budget import SETUP_S, overhead_seconds
-    from paraflow.bench.driver.runner import CellResult
+    from paraflow.bench.driver.runner import SETUP_S, CellResult, overhead_seconds
 
     def launched(cell, seconds):
         return CellResult(cell, [], "ok", None, seconds)

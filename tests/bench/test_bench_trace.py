@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import RANK_ENV, ROOT
 
-from paraflow.bench.rank.trace import trace_name
+from paraflow.bench.rank.train_loop import trace_name
 from paraflow.tools.launch import run_launch
 
 hvd = pytest.importorskip("horovod.torch", reason="horovod is not installed: pip install 'paraflow[horovod]'")

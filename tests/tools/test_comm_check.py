@@ -7,8 +7,7 @@ import sys
 from conftest import _HOROVOD_MISSING, ROOT
 
 from paraflow.environment.launchers import free_port
-from paraflow.tools.comm_check import render, run_checks
-from paraflow.tools.comm_rank import COLLECTIVES
+from paraflow.tools.comm_check import COLLECTIVES, render, run_checks
 
 
 def check_comm(env, *args):

@@ -5,9 +5,8 @@ import os
 import pytest
 
 from paraflow.errors import ConfigurationError, ParaflowError
-from paraflow.tools.cluster import Cluster, ClusterError
-from paraflow.tools.cluster.netns import format_rate, parse_rate, support_problem
-from paraflow.tools.multihost import OOB_KEEPALIVE, host_commands
+from paraflow.tools.cluster import Cluster, ClusterError, format_rate, parse_rate, support_problem
+from paraflow.tools.launch import OOB_KEEPALIVE, host_commands
 
 HOSTS = ["n0", "n1"]
 SCRIPT = ["train.py", "--backend", "ddp-gloo"]

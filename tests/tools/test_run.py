@@ -15,7 +15,7 @@ from conftest import ROOT, requires_horovod
 from paraflow.cli import main as cli
 from paraflow.core.placement import cores
 from paraflow.environment.launchers import free_port
-from paraflow.tools.run_plan import job_environment
+from paraflow.tools.run import job_environment
 
 PY = sys.executable
 PROBE = str(Path(__file__).resolve().parent / "workers" / "probe.py")
@@ -115,7 +115,7 @@ def test_bad_arguments_exit_2_with_the_reason(capsys, args, words):
 
 
 def test_the_backend_reaches_the_script_as_paraflow_backend_and_the_default_follows_the_environment():
-    from paraflow.tools.run_plan import plan_run
+    from paraflow.tools.run import plan_run
 
     assert plan_run(["x.py"], 2, "ddp-gloo", must_exist=False, env={}).env["PARAFLOW_BACKEND"] == "ddp-gloo"
     assert (

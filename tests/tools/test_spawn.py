@@ -57,7 +57,7 @@ def test_a_raising_rank_is_reraised_with_its_rank_and_traceback(no_leftovers):
     # the caller's file and source lines are put back into the frames of code sent by value
     assert f'File "{__file__}"' in err.traceback and "in _fail_deep_inside" in err.traceback
     assert 'raise ValueError(f"rank {rank} found a bad value")' in err.traceback
-    assert "spawn_worker" not in err.traceback
+    assert "tools/spawn.py" not in err.traceback
 
 
 def sleep_on_rank_one(backend):

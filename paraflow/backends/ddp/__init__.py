@@ -1,4 +1,4 @@
-"""DistributedDataParallel: the backend (with its checked DDP module), its compression hooks and join."""
+"""DistributedDataParallel: the backend (with its checked DDP module, its join) and its compression hooks."""
 
 from ...core.registry import register
 

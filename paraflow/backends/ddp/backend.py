@@ -1,9 +1,11 @@
 """DistributedDataParallel over NCCL or gloo, with torch.distributed collectives, whose unused-parameter
-error names the parameters and the fix."""
+error names the parameters and the fix, and uneven inputs through torch's ``Join``."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator, Sequence
 from typing import Any, ContextManager, Optional
 
 import torch
@@ -12,9 +14,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ...errors import ConfigurationError
 from ...reliability.translation import collective_errors
+from ...training.join import copy_state_from
 from ..torch_distributed import TorchDistributedBackend
-from .comm_hooks import release_continuations
-from .compression import register_ddp_compression
+from .comm_hooks import compress_hook, release_continuations
 
 __all__ = ["DDPBackend", "DDP_OPTIONS", "CheckedDistributedDataParallel", "unused_parameters_error"]
 
@@ -71,7 +73,8 @@ class DDPBackend(TorchDistributedBackend):
         with collective_errors(self, "wrap_model (DDP's broadcast of rank 0's parameters and buffers)"):
             wrapped = CheckedDistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
         wrapped.paraflow_backend_name = self.name
-        register_ddp_compression(wrapped, self.compression, self.transport)
+        if self.compression != "none":  # gradients cross at half their size (comm_hooks.compress_hook)
+            wrapped.register_comm_hook(state=None, hook=compress_hook(_COMPRESSED_DTYPES[self.compression]))
         return self._mark_model(wrapped)
 
     def no_sync(self, model: nn.Module) -> ContextManager:
@@ -84,9 +87,62 @@ class DDPBackend(TorchDistributedBackend):
         """torch's ``Join`` over the DDP model; then `stateful` is copied from the last rank to finish."""
         if not isinstance(model, DistributedDataParallel):
             raise ConfigurationError("join needs the model returned by wrap_model (a DDP module).")
-        from .join import ddp_join
+        return self._joined_while(self._ddp_join(model, stateful, enable), enable)
 
-        return self._joined_while(ddp_join(self, model, stateful, enable), enable)
+    @contextlib.contextmanager
+    def _ddp_join(self, model: DistributedDataParallel, stateful: Sequence[Any], enable: bool) -> Iterator[None]:
+        """torch's Join over the DDP model and the Joinables in `stateful`; then the other
+        `stateful` objects are copied from the last rank to finish.
+
+        DDP's join hook shadows the gradient allreduce on ranks that finished early (a finished
+        rank counts as a zero gradient) and gives every rank the last rank's model afterwards.
+        """
+        from torch.distributed.algorithms.join import Join, Joinable
+
+        joinables = [model] + [s for s in stateful if isinstance(s, Joinable)]
+        others = [s for s in stateful if not isinstance(s, Joinable)]
+        tracker = _last_joiner_tracker(model)
+        with Join(joinables + [tracker], enable=enable):
+            yield
+        if enable and others:
+            last = self.allgather(torch.tensor([int(tracker.is_last_joiner)], dtype=torch.int64))
+            flags = [int(t.item()) for t in last]
+            if not all(flags):  # some rank stopped early and missed optimizer steps
+                copy_state_from(self, others, src=max(r for r, f in enumerate(flags) if f))
+
+
+#: The 16-bit type each ``compression`` sends gradients in.
+_COMPRESSED_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _last_joiner_tracker(model: nn.Module):
+    """A Joinable that only records whether this rank was among the last to join."""
+    from torch.distributed.algorithms.join import Joinable, JoinHook
+
+    class _Hook(JoinHook):
+        def __init__(self, owner: _Tracker) -> None:
+            self.owner = owner
+
+        def post_hook(self, is_last_joiner: bool) -> None:
+            self.owner.is_last_joiner = is_last_joiner
+
+    class _Tracker(Joinable):
+        def __init__(self) -> None:
+            super().__init__()
+            self.is_last_joiner = True
+
+        def join_hook(self, **kwargs: Any) -> JoinHook:
+            return _Hook(self)
+
+        @property
+        def join_device(self) -> torch.device:
+            return model.join_device
+
+        @property
+        def join_process_group(self) -> Any:
+            return model.join_process_group
+
+    return _Tracker()
 
 
 _UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank \d+: ([^\n]+)")

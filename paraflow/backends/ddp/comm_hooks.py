@@ -1,4 +1,11 @@
-"""DDP communication hooks whose Python continuations are released before the interpreter exits.
+"""Gradient compression for DDP: hooks whose Python continuations are released before the interpreter exits.
+
+``compression`` "fp16" / "bf16" registers :func:`compress_hook`, which does what torch's
+``fp16_compress_hook`` / ``bf16_compress_hook`` do, under a name DDP does not refuse for bf16
+over gloo (DDP refuses a hook named ``bf16_compress_hook`` unless NCCL >= 2.10 is present, a
+check meant for NCCL, while gloo reduces bfloat16 itself). Horovod maps the same option to
+``hvd.Compression``; one-process backends (single, dp) communicate no gradients, so they accept
+``none`` only.
 
 A DDP hook returns ``future.then(continuation)``. Over gloo the continuation runs on one of the
 process group's worker threads, and that thread drops its reference to the continuation only

@@ -22,7 +22,8 @@ from torch import nn
 from ...errors import ConfigurationError
 from ...training.no_sync import forward_decided_sync
 from ..torch_distributed import TorchDistributedBackend
-from .full_state import (
+from .checkpoint import (
+    ShardedCheckpointer,
     full_model_state,
     full_optimizer_state,
     is_sharded,
@@ -32,7 +33,6 @@ from .full_state import (
     reshard,
 )
 from .optimizer import model_of, rebuild_optimizer, remember_parameters
-from .sharded import ShardedCheckpointer
 from .wrap import DEFAULT_MIN_BLOCK_PARAMS, check_blocks, check_min_block_params, choose_blocks, mixed_precision_policy
 
 __all__ = ["FSDPBackend", "FSDP_OPTIONS"]
@@ -136,7 +136,6 @@ class FSDPBackend(TorchDistributedBackend):
         for block in blocks:
             fully_shard(block, **options)
         fully_shard(model, **options)
-        model.paraflow_backend_name = self.name
         model.paraflow_blocks = [name for name, m in model.named_modules() if any(m is b for b in blocks)]
         return self._mark_model(model)
 

@@ -1,4 +1,4 @@
-"""Horovod: the backend, its start-up (controller, knobs, rendezvous), import, build and join."""
+"""Horovod: the backend, its start-up (controller, knobs, rendezvous), optimizer, import and build."""
 
 from ...core.registry import register
 

@@ -1,6 +1,6 @@
 """Build horovod against the installed torch with MPI and gloo, once, and install it.
 
-``paraflow build-horovod`` (or ``python -m paraflow.backends.horovod.build``). A plain
+``paraflow build-horovod`` (``scripts/build_horovod.sh`` in a checkout runs it). A plain
 ``pip install horovod==0.28.1`` fails against torch >= 2.1: horovod asks CMake for C++14 while
 torch's headers need C++17. Here CMake runs through a small wrapper whose project-include file maps
 CMake's C++14 flag to ``-std=c++17``. The wheel is cached outside any checkout, keyed by the
@@ -23,14 +23,13 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
 from ...environment.mpi_library import find_mpicc, linked_library, mpi_family, wrapper_mpi
-from .imports import HOROVOD_VERSION
+from .info import HOROVOD_VERSION
 
-__all__ = ["wheel_cache", "cache_key", "missing_tools", "linked_mpi_problem", "build_and_install", "main"]
+__all__ = ["wheel_cache", "cache_key", "missing_tools", "linked_mpi_problem", "build_and_install", "add_arguments"]
 
 #: What horovod needs at run time (its install_requires) and its setup.py imports.
 RUNTIME_REQUIREMENTS = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi")
@@ -264,24 +263,10 @@ def build_and_install(python: str = sys.executable, force: bool = False, version
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Command line: ``paraflow build-horovod [--python PY] [--force]``."""
-    parser = argparse.ArgumentParser(
-        prog="paraflow build-horovod", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return build_and_install(args.python, args.force)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The build command's options, shared by ``paraflow build-horovod``."""
+    """The options of ``paraflow build-horovod``."""
     parser.add_argument(
         "--python", default=sys.executable, help="the Python (with torch) to install into; default: this one"
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if a wheel is cached")
     return parser
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,20 +3,38 @@
 Horovod 0.28.1 keeps process-wide state between sessions (MPI cannot start twice; after an MPI
 session it builds gloo from the closed communicator; its tuner keeps fusion and cycle-time
 settings), so the guards against restarts it cannot survive live here too.
+
+The gloo controller without horovodrun (:class:`GlooRendezvous`): ``horovodrun --gloo`` runs
+horovod's ``RendezvousServer`` and hands every rank the HOROVOD_* variables that point at it.
+Under other launchers (torchrun, srun, plain python, or mpirun when
+the gloo controller is asked for) rank 0 starts that same server and tells the other ranks its
+port through a torch ``TCPStore``:
+
+* under torchrun, a client of the store torchrun's agent already serves at MASTER_ADDR:MASTER_PORT;
+* elsewhere, a store rank 0 serves at the address the launcher gives (see ``resolve_master``).
+
+Every rank writes its host name to the store, rank 0 turns them into horovod's host plan, and each
+rank then sets the variables ``horovodrun`` would have set before ``hvd.init()``. Rank 0 keeps the
+server until every rank has shut horovod down.
 """
 
 from __future__ import annotations
 
 import atexit
+import datetime
+import ipaddress
 import math
 import os
+import socket
 from typing import Optional
 
 from ...environment.launchers import MPI_LAUNCHERS, ProcessEnvironment
+from ...environment.rendezvous import host_address, resolve_master
 from ...environment.scoped_env import ScopedEnv
 from ...errors import BackendUnavailableError, ConfigurationError, LauncherError
 from ...reliability.deadlines import call_with_deadline
 from ...reliability.translation import startup_errors
+from ..torch_distributed import check_master, store_for_this_attempt
 
 __all__ = [
     "launch_commands",
@@ -26,6 +44,8 @@ __all__ = [
     "start_gloo",
     "check_horovod_world",
     "note_mpi_shut_down",
+    "GlooRendezvous",
+    "gloo_interface",
 ]
 
 _mpi_finalized_by_horovod = False  # MPI cannot start twice in one process
@@ -160,7 +180,7 @@ def start_gloo(hvd, env: ProcessEnvironment, timeout: float):
     """Start horovod's gloo controller; returns the rendezvous paraflow started, or None.
 
     Under horovodrun its rendezvous server is already there; under any other launcher rank 0
-    starts horovod's own (:mod:`paraflow.backends.horovod.rendezvous`).
+    starts horovod's own (:class:`GlooRendezvous`).
     """
     if _mpi_session_ran:
         raise ConfigurationError(
@@ -171,17 +191,12 @@ def start_gloo(hvd, env: ProcessEnvironment, timeout: float):
     rendezvous = None
     try:
         if env.launcher != "horovodrun":
-            from .rendezvous import GlooRendezvous
-
             if env.launcher == "torchrun":
-                if not (env.master_addr and env.master_port):
-                    raise LauncherError("torchrun set no MASTER_ADDR/MASTER_PORT; relaunch with torchrun.")
+                check_master(env)
                 # torchrun's agent serves a store there; without it (rare) rank 0 serves one.
                 serve = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
                 addr, port = env.master_addr, env.master_port
             else:
-                from ...environment.rendezvous import resolve_master
-
                 (addr, port), serve = resolve_master(env), True
             rendezvous = GlooRendezvous(env, addr, port, serve_store=serve, timeout=timeout)
             with startup_errors(
@@ -217,3 +232,135 @@ def check_horovod_world(hvd, env: ProcessEnvironment) -> None:
             f"MPI horovod and mpi4py load). Launch with {launch_commands(env.world_size)} from that "
             "MPI, or rebuild horovod against this one: `paraflow build-horovod --force` with its mpicc first on PATH."
         )
+
+
+def gloo_interface(peer: str) -> str:
+    """The network interface this host uses to reach `peer` (an address or host name)."""
+    import psutil  # a horovod dependency
+
+    try:
+        local_ip = _local_ip_towards(peer)
+    except OSError:
+        return "lo"
+    if ipaddress.ip_address(local_ip).is_loopback:
+        return "lo"
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local_ip for a in addresses):
+            return name
+    return "lo"
+
+
+def _gloo_ifname() -> str:
+    """The first interface GLOO_SOCKET_IFNAME names, or ''."""
+    return os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+
+
+def _local_ip_towards(peer: str) -> str:
+    """The source address the kernel picks for packets to `peer` (UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(peer), 9))
+        return s.getsockname()[0]
+
+
+class GlooRendezvous:
+    """Rank 0's horovod rendezvous server, found by the other ranks through a torch TCPStore.
+
+    Args:
+        env: this process's place in the job.
+        store_addr: host of the TCPStore the ranks meet at.
+        store_port: its port.
+        serve_store: rank 0 serves the store (False: a launcher such as torchrun already does).
+        timeout: seconds to wait for the other ranks.
+    """
+
+    def __init__(
+        self, env: ProcessEnvironment, store_addr: str, store_port: int, *, serve_store: bool, timeout: float
+    ) -> None:
+        self.env = env
+        self.store_addr = store_addr
+        self.store_port = store_port
+        self.serve_store = serve_store
+        self.timeout = timeout
+        self.variables: dict[str, str] = {}
+        self._store = None
+        self._server = None
+        self._env_vars = ScopedEnv()
+
+    @property
+    def single_host(self) -> bool:
+        """True when every rank runs on this host."""
+        return self.env.local_world_size == self.env.world_size
+
+    def start(self) -> dict[str, str]:
+        """Meet the other ranks, start the server on rank 0, and set this rank's HOROVOD_* variables.
+
+        Returns:
+            The variables set in ``os.environ`` (restored by :meth:`close`).
+        """
+        from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+
+        env = self.env
+        serve = self.serve_store and env.rank == 0
+        store = self._store = store_for_this_attempt(
+            self.store_addr, self.store_port, env.world_size, self.timeout, serve=serve
+        )
+        hostname = socket.gethostname()
+        store.set(f"host/{env.rank}", hostname)
+        hosts = self._gather_hosts(store)
+        # horovodrun's own plan: every process's local and cross rank from the hosts, in rank order
+        plan = get_host_assignments([HostInfo(h, hosts.count(h)) for h in dict.fromkeys(hosts)], env.world_size)
+        if env.rank == 0:
+            from horovod.runner.http.http_server import RendezvousServer
+
+            self._server = RendezvousServer()
+            port = self._server.start()
+            self._server.init(plan)
+            addr = "127.0.0.1" if self.single_host else host_address(socket.getfqdn)
+            store.set("server", f"{addr}:{port}")
+        else:
+            store.wait(["server"])
+        addr, _, port = store.get("server").decode().rpartition(":")
+        slot = next(s for s in plan if s.hostname == hostname and s.local_rank == env.local_rank)
+        self.variables = {
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": os.environ.get("HOROVOD_CPU_OPERATIONS", "gloo"),
+            "HOROVOD_GLOO_IFACE": os.environ.get("HOROVOD_GLOO_IFACE")
+            or ("lo" if self.single_host else _gloo_ifname() or gloo_interface(addr)),
+            "HOROVOD_HOSTNAME": hostname,
+            "HOROVOD_RANK": str(env.rank),
+            "HOROVOD_SIZE": str(env.world_size),
+            "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+            "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+            "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+            "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+        }
+        self._env_vars.set(self.variables)
+        return self.variables
+
+    def close(self) -> None:
+        """After ``hvd.shutdown()``: rank 0 waits for every rank to finish, then stops the server."""
+        store, self._store = self._store, None
+        try:
+            if store is not None:
+                if self.env.rank == 0:
+                    keys = [f"done/{r}" for r in range(1, self.env.world_size)]
+                    if keys:
+                        try:
+                            store.wait(keys, datetime.timedelta(seconds=min(self.timeout, 60)))
+                        except Exception:  # a rank that died; nothing left to keep alive for it
+                            pass
+                else:
+                    store.set(f"done/{self.env.rank}", "1")
+        finally:
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+            self._env_vars.restore()
+
+    # ---------------------------------------------------------------- helpers
+    def _gather_hosts(self, store) -> list[str]:
+        keys = [f"host/{r}" for r in range(self.env.world_size)]
+        store.wait(keys)
+        return [store.get(k).decode() for k in keys]

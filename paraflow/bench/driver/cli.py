@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 
 from ...tools.flags import deprecated_alias
 
@@ -45,10 +46,6 @@ def split_models(text: str) -> list:
         else:
             specs.append(piece)
     return specs
-
-
-def _models(text: str) -> list:
-    return split_models(text)
 
 
 class _Deprecated(argparse.Action):
@@ -116,7 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _list_flag(what, "-n", "N[,N]", "process counts for multi-process backends (default: 1,2)", "--nprocs")
     what.add_argument(
         "--model",
-        type=_models,
+        type=split_models,
         action="extend",
         default=None,
         metavar="SPEC",
@@ -385,52 +382,18 @@ def config_from_args(args: argparse.Namespace):
         raise ConfigurationError(
             f"arguments after `--` ({' '.join(args.script_args)}) are a script's: add --script PATH before them."
         )
-    return BenchConfig(
+    values = {f.name: getattr(args, f.name) for f in fields(BenchConfig) if hasattr(args, f.name)}
+    values.update(
         backends=args.backend,
+        launchers=args.launcher,
         nprocs=nprocs,
         models=args.model or list(DEFAULT_MODELS),
-        input_shape=args.input_shape,
-        classes=args.classes,
-        script=args.script,
-        script_args=list(args.script_args),
-        data=args.data,
-        batch_size=args.batch_size,
-        warmup=args.warmup,
-        steps=args.steps,
-        min_window=args.min_window,
-        max_warmup=args.max_warmup,
-        repeat=args.repeat,
         max_repeat=max(args.max_repeat, args.repeat),
-        time_budget=args.time_budget,
-        threads=args.threads,
-        noisy=args.noisy,
-        margin=args.margin,
-        aa_check=args.aa_check,
-        pin=args.pin,
-        omp_wait=args.omp_wait,
-        scaling=args.scaling,
         collectives=list(COLLECTIVES) if args.collectives == ["all"] else args.collectives,
-        dtypes=args.dtypes,
-        units=args.units,
-        sweep_rounds=args.sweep_rounds,
         sizes=message_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor),
-        overhead_steps=args.overhead_steps,
-        overhead_seconds=args.overhead_seconds,
-        overhead_model=args.overhead_model,
-        launchers=args.launcher,
-        timeout=args.timeout,
-        out=args.out,
-        plots=args.plots,
-        allreduce=args.allreduce,
-        overhead=args.overhead,
-        seed=args.seed,
-        cluster=args.cluster,
-        bandwidth=args.bandwidth,
-        trace=args.trace,
-        tune=args.tune,
         tune_values=parse_tune_values(args.tune_values),
-        tune_seconds=args.tune_seconds,
     )
+    return BenchConfig(**values)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -441,7 +404,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         return compare_main(*args.runs)
     if mode == "project":
-        from ..report.project_cli import project_main
+        from ..report.costmodel import project_main
 
         return project_main(args.run, plots=args.plots)
     from .run import exit_status, run_bench

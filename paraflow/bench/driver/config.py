@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ...errors import ConfigurationError
 
 __all__ = ["ModelSpec", "BenchConfig", "parse_size", "message_sizes"]
-__all__ += ["DEFAULT_MODELS", "DEFAULT_MARGIN", "COLLECTIVES", "DTYPES", "UNITS", "SCRIPT_PREFIX"]
+__all__ += ["runnable_others", "DEFAULT_MODELS", "DEFAULT_MARGIN", "COLLECTIVES", "DTYPES", "UNITS", "SCRIPT_PREFIX"]
 
 #: Defaults that cover both regimes: a wide MLP sends one large gradient message (4.5 MB) per
 #: step; the CNN (0.08 MB) and the transformer (0.4 MB over ~30 tensors) send small ones.
@@ -155,10 +156,10 @@ class BenchConfig:
             short); the communication-overhead phase then runs half as many sync/no-sync pairs.
         repeat: independent launches of every training cell (intervals come from their spread).
         max_repeat: launches a cell may get in all when its interval stays wider than `noisy`
-            after `repeat` (extra_launches.py; None: `repeat`, no extra launch).
+            after `repeat` (runner.run_extra_launches; None: `repeat`, no extra launch).
         time_budget: extra launches start only while the run has taken less than this many
             seconds, counting the launch about to start; the abstraction overhead's pairs shrink
-            when the planned launches would run past it (overhead_budget.py).
+            when the planned launches would run past it (runner.overhead_seconds).
         threads: torch threads per process, the same at every process count, so that a rank of N
             processes computes as the one-process baseline does and weak-scaling efficiency
             measures parallel cost only (None: the cores divided by the largest process count).
@@ -362,3 +363,28 @@ class BenchConfig:
         d["models"] = [str(m) for m in self.models]
         d["overhead_model"] = None if self.overhead_model is None else str(self.overhead_model)
         return d
+
+
+LOADAVG = "/proc/loadavg"
+
+
+#: How busy the machine is when a run starts, judged on the moment rather than the last minute.
+#: The 1-minute load average decays slowly: right after one benchmark run it still reads above the
+#: core count on a machine that has gone quiet, and ``--pin auto`` used to leave the next run
+#: unpinned for that reason alone (a back-to-back pair then compared a pinned run with an unpinned
+#: one). The kernel's count of runnable threads (/proc/loadavg's fourth field), sampled over half a
+#: second, says whether other work holds the cores now.
+def runnable_others(seconds: float = 0.5, samples: int = 10, path: str = LOADAVG) -> Optional[float]:
+    """Mean number of runnable threads besides the reading one, over `seconds` in `samples`
+    readings of `path` ("1min 5min 15min running/total lastpid"); None where it cannot be read."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open(path) as f:
+                running = int(f.read().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        counts.append(max(running - 1, 0))  # the reader itself is running
+        if i + 1 < samples:
+            time.sleep(seconds / samples)
+    return sum(counts) / len(counts)

@@ -61,7 +61,7 @@ def run_on_cluster(cluster, cell: Cell, script: list, env: dict, timeout: float)
     The result fails when any host's command does; its output is every host's, labelled.
     """
     from ...tools.cluster import ClusterJob, cluster_commands
-    from ...tools.multihost import HostCommand
+    from ...tools.launch import HostCommand
 
     if cell.nproc == 1:
         commands = [HostCommand(cluster.hosts[0].name, [sys.executable, *script])]

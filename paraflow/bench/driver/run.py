@@ -14,16 +14,14 @@ from typing import Optional
 
 from ...core.placement import cores
 from ..report.header import binding_summary, cluster_line, collect_header
-from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, terminal_report, write_csvs, write_json
+from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, write_csvs, write_json
+from ..report.screen import screen_report
 from ..report.tables import build_tables
-from .busy import runnable_others
-from .config import BenchConfig
-from .extra_launches import run_extra_launches
+from .config import BenchConfig, runnable_others
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header
 from .progress import LaunchProgress
-from .runner import OMP_WAIT, run_cells, worker_entry
-from .speed_probe import probe_summary
+from .runner import OMP_WAIT, probe_summary, run_cells, run_extra_launches, worker_entry
 
 __all__ = ["run_bench", "exit_status", "check_models", "start_line", "OUTPUT_FILES"]
 
@@ -88,13 +86,13 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         if cluster is not None:
             header["cluster"] = cluster_header(cluster)
             tracker.note(cluster_line(header["cluster"]))
-        cell_results = run_cells(matrix.cells, config, raw, entry=entry, cluster=cluster, tracker=tracker)
+        cell_results = run_cells(matrix.cells, config, raw, tracker, entry, cluster)
         if config.max_repeat > config.repeat:
 
             def launch(cell):
                 tracker.add(1)
                 heading = "[extra: intervals still wide]"
-                return run_cells([cell], config, raw, entry=entry, cluster=cluster, heading=heading, tracker=tracker)
+                return run_cells([cell], config, raw, tracker, entry, cluster, heading)
 
             extra = run_extra_launches(matrix.cells, cell_results, config, start, launch)
             cell_results += extra
@@ -135,7 +133,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     (out / "results.md").write_text(markdown_report(results, plots))
     written.insert(1, "results.md")
     if progress:
-        print(terminal_report(results), file=progress)
+        print(screen_report(results), file=progress)
         print(
             f"\n{len(cells)} launches in {header['wall_time_s']:.0f} s; wrote {', '.join(written)} "
             f"and raw/<cell>/rank<R>.json to {out}/",

@@ -1,4 +1,29 @@
-"""Launch every cell with its own launcher and a timeout, gather per-rank JSON, keep going on failure."""
+"""Launch every cell with its own launcher and a timeout, gather per-rank JSON, keep going on failure.
+
+After every launch the driver probes the machine's own speed: a fixed single-threaded kernel,
+timed. On a shared or virtual machine the host's speed drifts by itself: here 50 products of two
+256 x 256 matrices took 16.6-21.4 ms within two minutes with nothing else running. Two runs
+minutes apart can then disagree on every figure while nothing in them changed. The probe runs
+between launches (about 0.04 s each), so a run records how fast the machine itself was along the
+way, and `paraflow bench compare` can say how much of a difference between two runs the machine
+explains.
+
+The abstraction overhead rides in the last planned launch of its cells (matrix.py), so when it
+starts the run knows how long every launch still to come took in the earlier rounds. Its pairs
+get ``--overhead-seconds`` each, or, when the machine runs slow, an even share of what
+``--time-budget`` leaves once those launches and each overhead's setup are counted; never less
+than the worker's floor of MIN_PAIRS pairs (rank/overhead.py).
+
+More launches for the cells whose intervals are still wide, while the run's time budget lasts.
+
+After the planned rounds, a training cell whose step-time or throughput interval is wider than
+``--noisy`` on any of its models (its row's noisy mark) is launched once more, round after round
+(the widest first), judged again after each round, until its intervals narrow, it has
+``--max-repeat`` launches, or the run's time is spent: a launch starts only when the run's time
+so far plus that cell's mean launch time stays within ``--time-budget``. Three launches give a t
+interval 4.30 standard errors wide on each side; five give 2.78, over more launches. Extra
+launches skip the collective sweep, whose rows keep the planned launches.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +31,23 @@ import json
 import os
 import re
 import shlex
-import sys
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+import torch
+
+from ...core.registry import spec as registered
 from ...environment.launchers import launcher_variables
 from ...tools.launch import launch_command, run_launch
+from ..report.launches import TRACE_TAG
+from ..report.tables import training_rows
 from .config import BenchConfig
 from .matrix import Cell
-from .overhead_budget import overhead_seconds
 from .progress import LaunchProgress
 from .scratch import launch_scratch
-from .speed_probe import probe_ms
-from .trace_launch import trace_args, trace_env
 
 __all__ = [
     "CellResult",
@@ -31,6 +58,12 @@ __all__ = [
     "cell_env",
     "failure_reason",
     "command_line",
+    "overhead_seconds",
+    "probe_ms",
+    "probe_summary",
+    "wide_groups",
+    "launch_cost",
+    "run_extra_launches",
 ]
 
 WORKER_MODULE = "paraflow.bench.rank.worker"
@@ -52,7 +85,7 @@ class CellResult:
     stdout_tail: str = ""
     stderr_tail: str = ""
     env: dict = field(default_factory=dict)
-    probe_ms: Optional[float] = None  # the machine's speed right after this launch (speed_probe.py)
+    probe_ms: Optional[float] = None  # the machine's speed right after this launch (probe_ms)
 
     @property
     def ok(self) -> bool:
@@ -296,46 +329,155 @@ def run_cells(
     cells: list,
     config: BenchConfig,
     raw_dir: Path,
-    timeout: Optional[float] = None,
+    tracker: LaunchProgress,
     entry: Callable[[Cell, BenchConfig, Path], list] = worker_entry,
-    progress=True,
     cluster=None,
-    started: Optional[float] = None,
     heading: Optional[str] = None,
-    tracker: Optional[LaunchProgress] = None,
 ) -> list:
-    """Run `cells` one after another, showing progress; a failed or hung cell does not stop the rest.
-
-    Progress goes to `tracker` when given (one display for a whole run), else to a display of its
-    own on `progress` (True: standard output; False: nothing) counting the time from `started`
-    (time.monotonic(); default now). Each line starts with `heading` instead of the launch's
-    place when given."""
-    own = tracker is None
-    if own:
-        stream = sys.stdout if progress is True else (progress or None)
-        tracker = LaunchProgress(stream, len(cells), started)
-    timeout = config.timeout if timeout is None else timeout
-    results, start = [], tracker.started
-    tuning_s = 0.0
-    try:
-        for i, cell in enumerate(cells, 1):
-            elapsed = time.monotonic() - start
-            if cell.options and tuning_s >= config.tune_seconds:
-                tracker.note(f"not run (tuning budget spent) · {cell.label}")
-                tracker.add(-1)
-                continue
-            tracker.begin(cell.label, heading)
-            launch_config = config
-            if cell.overhead is not None:
-                seconds = overhead_seconds(config, elapsed, cells[i - 1 :], results)
-                launch_config = replace(config, overhead_seconds=round(seconds, 1))
-            result = run_cell(cell, launch_config, raw_dir, timeout, entry, cluster)
-            result.probe_ms = round(probe_ms(), 3)
-            results.append(result)
-            tuning_s += result.elapsed_s if cell.options else 0.0
-            outcome = "ok" if result.ok else f"{result.status.upper()}: {result.error}"
-            tracker.end(result.ok, outcome, result.elapsed_s)
-    finally:
-        if own:
-            tracker.close()
+    """Run `cells` one after another, showing progress on `tracker`; a failed or hung cell does
+    not stop the rest. Each line starts with `heading` instead of the launch's place when given."""
+    results, tuning_s = [], 0.0
+    for i, cell in enumerate(cells, 1):
+        elapsed = time.monotonic() - tracker.started
+        if cell.options and tuning_s >= config.tune_seconds:
+            tracker.note(f"not run (tuning budget spent) · {cell.label}")
+            tracker.add(-1)
+            continue
+        tracker.begin(cell.label, heading)
+        launch_config = config
+        if cell.overhead is not None:
+            seconds = overhead_seconds(config, elapsed, cells[i - 1 :], results)
+            launch_config = replace(config, overhead_seconds=round(seconds, 1))
+        result = run_cell(cell, launch_config, raw_dir, config.timeout, entry, cluster)
+        result.probe_ms = round(probe_ms(), 3)
+        results.append(result)
+        tuning_s += result.elapsed_s if cell.options else 0.0
+        outcome = "ok" if result.ok else f"{result.status.upper()}: {result.error}"
+        tracker.end(result.ok, outcome, result.elapsed_s)
     return results
+
+
+HOROVOD_PACKAGE = "paraflow.backends.horovod"
+
+
+def trace_dir(cell: Cell, out_dir: Path) -> Path:
+    """OUT/traces/<cell>/ for a trace launch whose raw numbers go to OUT/raw/<cell>/."""
+    return out_dir.parent.parent / "traces" / cell.id
+
+
+def trace_args(cell: Cell, out_dir: Path) -> list:
+    """The worker's --trace argument for a trace launch, else nothing."""
+    return ["--trace", str(trace_dir(cell, out_dir))] if cell.tag == TRACE_TAG else []
+
+
+def trace_env(cell: Cell, out_dir: Path) -> dict:
+    """HOROVOD_TIMELINE for a horovod trace launch (horovod writes it from start-up on), else nothing."""
+    if cell.tag != TRACE_TAG or not registered(cell.backend).load().__module__.startswith(HOROVOD_PACKAGE):
+        return {}
+    trace_dir(cell, out_dir).mkdir(parents=True, exist_ok=True)
+    return {"HOROVOD_TIMELINE": str(trace_dir(cell, out_dir) / "horovod-timeline.json")}
+
+
+#: An overhead measurement's seconds besides its pairs, about: building its nine models, the
+#: warm-up rounds and the profiled steps (0.8-4.1 s here, 1.8 s on average over the six).
+SETUP_S = 2.0
+
+
+def overhead_seconds(config: BenchConfig, elapsed: float, left: list, done: list) -> float:
+    """Seconds of pairs for the overhead of ``left[0]``.
+
+    `elapsed`: seconds of the run so far; `left`: the cells still to launch, that one first;
+    `done`: the launches so far (runner.CellResult), whose mean time per group projects the
+    launches left (those that carried an overhead are not counted).
+    """
+    records = [result.to_dict() for result in done]
+    projected = sum(launch_cost(records, c.group) for c in left)
+    measures = max(1, sum(c.overhead is not None for c in left))
+    spare = config.time_budget - elapsed - projected - measures * SETUP_S
+    return max(0.0, min(config.overhead_seconds, spare / measures))
+
+
+SIZE = 256  # the kernel: LOOPS products of two SIZE x SIZE float32 matrices, one thread
+LOOPS = 20
+SAMPLES = 5  # timings per probe; the probe is their median
+
+
+def probe_ms() -> float:
+    """Median milliseconds of SAMPLES timings of the fixed kernel, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.full((SIZE, SIZE), 0.5)
+        b = torch.full((SIZE, SIZE), 0.25)
+        a @ b  # first call: allocations and dispatch, not timed
+        timings = []
+        for _ in range(SAMPLES):
+            start = time.perf_counter()
+            for _ in range(LOOPS):
+                a @ b
+            timings.append((time.perf_counter() - start) * 1000)
+        return statistics.median(timings)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def probe_summary(cells: list) -> Optional[dict]:
+    """The probes of a run's launches: count, median, min, max and spread ((max - min) / median), or None."""
+    probes = [c["probe_ms"] for c in cells if c.get("probe_ms") is not None]
+    if not probes:
+        return None
+    middle = statistics.median(probes)
+    return {
+        "kernel": f"{LOOPS} products of {SIZE}x{SIZE} float32 matrices, 1 thread, median of {SAMPLES}",
+        "count": len(probes),
+        "median_ms": round(middle, 3),
+        "min_ms": round(min(probes), 3),
+        "max_ms": round(max(probes), 3),
+        "spread": round((max(probes) - min(probes)) / middle, 4),
+    }
+
+
+def wide_groups(cells: list, noisy: float, scaling: tuple) -> list:
+    """Groups (``backend-launcher-processes``) of default training rows whose step-time or
+    throughput interval is wider than `noisy` (their noisy mark; the communication share is not a
+    verdict's), the widest first, so a budget that runs short goes to the cells that need
+    launches most."""
+    rows, estimates = training_rows(cells, tuple(scaling), noisy)
+    widths: dict = {}
+    for row, est in zip(rows, estimates):
+        if not est or row.get("setting", "default") != "default":
+            continue
+        width = max(est["step"].halfwidth, est["x"].halfwidth)
+        if width > noisy:
+            group = f"{row['backend']}-{row['launcher']}-{row['processes']}"
+            widths[group] = max(widths.get(group, 0.0), width)
+    return sorted(widths, key=lambda group: -widths[group])
+
+
+def launch_cost(cells: list, group: str) -> float:
+    """Mean seconds of the launches of `group` so far (not the one that also measured the abstraction overhead)."""
+    spent = [
+        c["elapsed_s"]
+        for c in cells
+        if c.get("group") == group and c["kind"] == "train" and not c.get("tag") and not c.get("overhead")
+    ]
+    return statistics.fmean(spent) if spent else 0.0
+
+
+def run_extra_launches(
+    planned: list, results: list, config: BenchConfig, started: float, launch: Callable[[Cell], list]
+) -> list:
+    """Launch the still-wide cells of `planned` again (see the module's docstring); returns the
+    new launches' results. `launch(cell)` runs one cell and returns its results (run_cells);
+    `started` is the run's time.monotonic() start."""
+    cells = {c.group: c for c in planned if c.kind == "train" and c.repeat and not c.tag and not c.options}
+    extra: list = []
+    for repeat in range(config.repeat + 1, config.max_repeat + 1):
+        done = [r.to_dict() for r in results + extra]
+        launched = len(extra)
+        for group in wide_groups(done, config.noisy, config.scaling):
+            if group in cells and time.monotonic() - started + launch_cost(done, group) <= config.time_budget:
+                extra += launch(replace(cells[group], repeat=repeat, sweep=False, overhead=None))
+        if len(extra) == launched:  # nothing wide, or nothing that fits the time left
+            break
+    return extra

@@ -18,7 +18,7 @@ from typing import Optional
 
 from ...errors import ConfigurationError
 
-__all__ = ["TUNE_GRID", "TUNE_TAG", "grid_for", "tune_cells", "parse_tune_values", "setting_label", "option_value"]
+__all__ = ["TUNE_GRID", "TUNE_TAG", "grid_for", "tune_cells", "parse_tune_values", "option_value"]
 
 TUNE_TAG = "tune"
 #: Knob -> values tried, each library's default among them (DDP: 25 MB buckets, no bucket view;
@@ -69,11 +69,6 @@ def grid_for(options: frozenset, values: Optional[dict] = None) -> list:
     grid = {**TUNE_GRID, **(values or {})}
     knobs = sorted(k for k in grid if k in options)
     return [tuple(zip(knobs, combo)) for combo in itertools.product(*(grid[k] for k in knobs))] if knobs else []
-
-
-def setting_label(options) -> str:
-    """ "bucket_cap_mb=1, gradient_as_bucket_view=True" (the tables' name for a setting)."""
-    return ", ".join(f"{k}={v}" for k, v in options)
 
 
 def tune_cells(train_cells: list, values: Optional[dict], options_of) -> list:

@@ -51,11 +51,6 @@ class Built:
     targets: torch.Tensor
     loss: Callable
 
-    @property
-    def samples(self) -> int:
-        """Samples in the batch: the first dimension of its first tensor."""
-        return batch_samples(self.inputs)
-
 
 def batch_samples(inputs: Any) -> int:
     """The first dimension of the first tensor in `inputs` (a tensor, a sequence or a dict)."""

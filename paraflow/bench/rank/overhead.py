@@ -10,12 +10,7 @@ same shuffles on every rank, from the seed); every step is timed after a device 
 j of paraflow against instance j of raw in the same round is a pair: the rounds give paired
 ratios (paraflow / raw, control / raw). Several instances per side, because identical models
 step at different speeds by where their tensors landed in memory, and the first one built was
-often the slowest: one per side, paraflow's built first, had put about 1-3 % on paraflow (the
-README's *The abstraction overhead* has the launches before and after).
-
-Then a few more paraflow steps run under a profiler that measures, directly, the time spent in
-paraflow's own Python per step (ownprofile.py), and how late each bounded wait noticed that the
-library had finished.
+often the slowest: one per side, paraflow's built first, had put about 1-3 % on paraflow.
 """
 
 from __future__ import annotations
@@ -30,7 +25,6 @@ import torch
 from ...examples.models import build_model
 from ..backends import raw_loop
 from ..driver.config import ModelSpec
-from .ownprofile import profile_own_code
 from .train_loop import LEARNING_RATE, device_sync, make_batches, make_step
 
 __all__ = ["run_overhead", "pairs_within", "build_order", "step_orders", "SIDES", "INSTANCES", "MIN_PAIRS"]
@@ -76,7 +70,6 @@ def run_overhead(
     warmup: int,
     pairs: int,
     seed: int,
-    profile_steps: int = 20,
     max_seconds: float = 20.0,
 ) -> dict:
     """Time `pairs` paraflow / raw / control steps of `spec` each on the started paraflow
@@ -122,8 +115,6 @@ def run_overhead(
     backend.barrier()
     # pair k of a side: instance k % INSTANCES in round k // INSTANCES
     times = {side: [t for row in zip(*times[side]) for t in row] for side in SIDES}
-    own = profile_own_code(lambda: run(("paraflow", 0)), profile_steps)
-    backend.barrier()
     result = {
         "rank": backend.rank,
         "world_size": backend.world_size,
@@ -139,7 +130,6 @@ def run_overhead(
         "paraflow_step_s": times["paraflow"],
         "raw_step_s": times["raw"],
         "control_step_s": times["control"],
-        **own,
         "paraflow_wrapper": wrappers["paraflow"],
         "raw_wrapper": wrappers["raw"],
     }

@@ -29,21 +29,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-__all__ = ["pin_rank", "local_rank_from_env", "cores_for", "free_threads", "idle_polling_loops", "POLLING_LOOPS"]
+__all__ = ["pin_rank", "cores_for", "free_threads", "idle_polling_loops", "POLLING_LOOPS"]
 
 #: Names of communication threads that poll rather than sleep: torch's gloo TCP device loop.
 POLLING_LOOPS = ("gloo_tcp_loop",)
-
-# Each launcher's local-rank variable: torchrun, Open MPI (mpirun), horovodrun --gloo.
-_LOCAL_RANK = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK")
-
-
-def local_rank_from_env(env=os.environ) -> int:
-    """This process's rank on its host, from whichever launcher started it (0 under plain python)."""
-    for key in _LOCAL_RANK:
-        if env.get(key, "").strip().isdigit():
-            return int(env[key])
-    return 0
 
 
 def cores_for(local_rank: int, threads: int, allowed: list) -> list:
@@ -54,12 +43,12 @@ def cores_for(local_rank: int, threads: int, allowed: list) -> list:
     return [allowed[(start + i) % len(allowed)] for i in range(threads)]
 
 
-def pin_rank(threads: int, env=os.environ) -> Optional[list]:
-    """Bind the calling thread (and the threads it starts from now on) to this rank's own cores;
-    returns them, or None where the OS cannot bind."""
+def pin_rank(threads: int, local_rank: int) -> Optional[list]:
+    """Bind the calling thread (and the threads it starts from now on) to local rank `local_rank`'s
+    own cores; returns them, or None where the OS cannot bind."""
     if not hasattr(os, "sched_setaffinity"):
         return None
-    chosen = cores_for(local_rank_from_env(env), threads, list(os.sched_getaffinity(0)))
+    chosen = cores_for(local_rank, threads, list(os.sched_getaffinity(0)))
     os.sched_setaffinity(0, chosen)
     return chosen
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from .factory import batch_samples
-from .train_loop import device_sync, peak_memory, peak_memory_bytes, reset_peak_memory
+from .train_loop import device_sync, peak_memory, reset_peak_memory
 
 __all__ = ["install", "script_env", "HOOK", "OUT", "WARMUP", "STEPS", "TASK"]
 
@@ -64,7 +64,7 @@ class StepCounter:
         self.step_s: list = []
         self.warmup_s: list = []
         self.start = self.last = time.perf_counter()
-        self.memory_kind = reset_peak_memory(backend.device)
+        reset_peak_memory(backend.device)
         self.done = False
         self.depth = 0
 
@@ -141,8 +141,6 @@ class StepCounter:
             "step_s": self.step_s,
             "window_s": window_s,
             "losses": [],
-            "peak_memory_bytes": peak_memory_bytes(device),
-            "memory_kind": self.memory_kind,
             **peak_memory(device),
         }
 

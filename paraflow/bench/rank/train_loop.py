@@ -1,10 +1,50 @@
 """The timed training loop one rank runs for one model (the same loop for every backend).
 
-Per rank it records: every step's wall time after synchronising the device, the wall time of
-the whole timed window (started after a barrier), each step's loss, peak memory, the model state
-it holds (parameters, gradients, optimizer state), and, for
-multi-process backends, interleaved pairs of steps with and without gradient synchronisation.
-Everything across ranks (max per step, throughput) is computed later from these raw numbers.
+Per rank it records: every step's wall time after synchronising the device, the wall time of the
+whole timed window (started after a barrier), each step's loss, peak memory, the model state it
+holds (parameters, gradients, optimizer state), and, for multi-process backends, interleaved pairs
+of steps with and without gradient synchronisation. Everything across ranks (max per step,
+throughput) is computed later from these raw numbers.
+
+Warm-up ends when step times have settled, not after a fixed count. The first steps of a run are
+slow for reasons that have nothing to do with the method measured: DDP rebuilds its buckets on the
+first iteration, horovod negotiates each new tensor, the allocator and caches fill, and a launcher's
+siblings may still be starting. Warm-up runs until the median of the last WINDOW steps is within
+TOLERANCE of the median of the WINDOW before (at least `min_steps`, at most WARMUP_MAX_STEPS steps
+or WARMUP_MAX_SECONDS of steps). Each step's time is the slowest rank's, shared by an allreduce, so
+every rank stops after the same step.
+
+Model state: bytes of parameters, gradients and optimizer state one rank holds. Counted from the
+tensors themselves, not from the process's memory: a replicating backend (DDP, horovod) holds the
+whole of each, a sharding one (fsdp) only its DTensor shards, so the ratio between them is what
+sharding saves, free of the runtime's own memory. Buffers, gradient buckets and parameters gathered
+for the duration of a forward are not model state held between steps and are left out.
+
+`paraflow bench --trace`: a few steps under torch.profiler, written as a Chrome trace per rank. The
+trace launches are extra launches of their own (their numbers stay out of the tables), so the
+profiler never slows a timed step. Open a file in chrome://tracing or https://ui.perfetto.dev.
+Horovod's own timeline (HOROVOD_TIMELINE, set by the benchmark for horovod's trace launches) shows
+its negotiation, fusion and allreduces beside it.
+
+The step breakdown: where a step's time goes, per rank: timestamps on the interleaved sync / no-sync pairs.
+
+The pairs the communication overhead already runs (a step with gradient sync beside one
+without, order alternating) are timed in parts, so the breakdown costs no extra steps:
+
+- clocks in the step itself: after zero_grad, after backward returns, after optimizer.step;
+- gradient-ready hooks (``register_post_accumulate_grad_hook``): the first gradient ready is when
+  communication can start, the last is the end of backward's compute;
+- for an optimizer that waits for the gradients in ``step()`` (horovod's ``synchronize``), the
+  start and end of that wait.
+
+From one pair (s synced, n not): compute = n's forward + backward; optimizer = n's optimizer step
+(a local update); exposed = what s waits for communication after its compute: (s's backward tail
+after the last gradient - n's tail; DDP and fsdp wait for their buckets there) + s's wait in
+``synchronize``; overlapped = s's backward from the first gradient ready to the last, while
+communication is pending (an upper bound: the span in which it can run hidden); other = s's step
+- compute - exposed - optimizer (to device, zero_grad, device sync, and compute slowed by
+communication sharing the cores). Without gradient hooks (a backend whose parameters take their
+gradients outside autograd's accumulation) the tail is the whole backward and overlapped is None.
 """
 
 from __future__ import annotations
@@ -12,21 +52,22 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import re
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Callable, ContextManager, Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ...examples.data import load_dataset
 from ...examples.models import build_model, count_parameters
+from ..backends import no_sync_communicates
 from ..driver.config import ModelSpec
-from .breakdown import run_pairs, step_parts, window_breakdown
 from .factory import batch_samples, build_factory, call_model, model_facts, take, to_device
-from .model_state import model_state_bytes
-from .warmup import WINDOW, warm_up
 
 __all__ = [
     "run_training",
@@ -35,10 +76,21 @@ __all__ = [
     "local_update",
     "device_sync",
     "reset_peak_memory",
-    "peak_memory_bytes",
     "peak_memory",
     "peak_rss_bytes",
     "LEARNING_RATE",
+    "warm_up",
+    "settled",
+    "model_state_bytes",
+    "write_trace",
+    "trace_name",
+    "run_pairs",
+    "step_parts",
+    "pair_breakdown",
+    "window_breakdown",
+    "gradient_clock",
+    "timed_synchronize",
+    "PARTS",
 ]
 
 LEARNING_RATE = 0.05
@@ -52,24 +104,16 @@ def device_sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _clear_peak_rss() -> bool:
-    """Linux: writing 5 to clear_refs resets this process's peak resident set size (VmHWM)."""
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory window: this process's peak resident set size (VmHWM; Linux: writing 5
+    to clear_refs) and, on a GPU, torch's peak allocated memory."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def reset_peak_memory(device: torch.device) -> str:
-    """Start a new peak-memory window; returns what peak_memory_bytes measures ("cuda-allocated",
-    "rss", "rss-since-start"). The peak resident set size restarts on a GPU too, where the clock allows."""
-    cleared = _clear_peak_rss()
+    except OSError:  # not Linux, or not allowed: the peak since the process started
+        pass
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return "cuda-allocated"
-    return "rss" if cleared else "rss-since-start"
 
 
 def peak_rss_bytes() -> int:
@@ -86,13 +130,6 @@ def peak_rss_bytes() -> int:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak CUDA memory allocated by torch on `device`, else this process's peak resident set size."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return peak_rss_bytes()
 
 
 def peak_memory(device: torch.device) -> dict:
@@ -172,11 +209,6 @@ def local_update(optimizer: torch.optim.Optimizer) -> ContextManager:
     return skip() if callable(skip) else contextlib.nullcontext()
 
 
-def replicas(backend) -> int:
-    """Model replicas one step trains: the processes, or every GPU DataParallel splits over."""
-    return backend.replicas
-
-
 def timed_steps(warm_step_s: list, min_steps: int, min_window_s: float) -> int:
     """Steps for the timed window: at least `min_steps`, and enough to last about `min_window_s`.
 
@@ -195,7 +227,7 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
     `settings` carries the worker's arguments: data, batch_size, warmup (steps, at least),
     max_warmup (seconds), steps, min_window (seconds), seed. `scaling` "weak" gives every rank
     `batch_size` samples per step; "strong" splits a global batch of `batch_size` over the
-    ranks. Warm-up runs until step times settle (warmup.py). The timed window has at least
+    ranks. Warm-up runs until step times settle (warm_up, below). The timed window has at least
     `steps` steps and lasts at least about `min_window`; then, for multi-process backends, half
     as many pairs of steps with and without gradient sync.
     """
@@ -213,15 +245,15 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         per_rank = batch_size // backend.world_size
     else:
         per_rank = batch_size
-    step_batch = per_rank * (replicas(backend) if backend.world_size == 1 else 1)
+    step_batch = per_rank * (backend.replicas if backend.world_size == 1 else 1)
     loss_fn = None
     if spec.kind == "builtin":
         batches, in_shape, classes = make_batches(backend, data, step_batch, seed)
-        memory_kind = reset_peak_memory(device)
+        reset_peak_memory(device)
         torch.manual_seed(seed)
         module = build_model(spec.name, in_shape, classes, **spec.kwargs)
     else:  # your factory: its own batch, or a synthetic one of --input-shape (factory.py)
-        memory_kind = reset_peak_memory(device)
+        reset_peak_memory(device)
         input_shape, classes = getattr(settings, "input_shape", None), getattr(settings, "classes", 10)
         built = build_factory(spec, input_shape, classes, step_batch, seed, device)
         module, loss_fn = built.module, built.loss
@@ -267,7 +299,7 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         "grad_bytes": grad_bytes,
         "batch_per_rank": per_rank,
         "samples_per_step": step_batch,
-        "replicas": replicas(backend),
+        "replicas": backend.replicas,
         "scaling": scaling,
         "warmup": len(warm["warmup_s"]),
         "warmup_settled": warm["warmup_settled"],
@@ -284,17 +316,240 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
 
     if backend.MULTI_PROCESS:
         # Communication overhead and the step breakdown: pairs of steps with and without gradient
-        # sync, order alternating, timed in parts (breakdown.py).
+        # sync, order alternating, timed in parts (run_pairs, below).
         backend.barrier()
         result.update(run_pairs(backend, model, optimizer, step, marks, batches, max(1, (steps + 1) // 2)))
     else:
         result["breakdown"] = window_breakdown(parts)  # one process: nothing to communicate
 
-    result.update(peak_memory_bytes=peak_memory_bytes(device), memory_kind=memory_kind, **peak_memory(device))
+    result.update(peak_memory(device))
     if getattr(settings, "trace", None):  # after every measurement: the profiler slows what it records
-        from .trace import write_trace
-
         name = spec.label if scaling == "weak" else f"{spec.label} {scaling}"
         result["trace"] = write_trace(backend, step, batches, settings.trace, name)
     backend.barrier()
     return result
+
+
+WINDOW = 5
+TOLERANCE = 0.10
+WARMUP_MAX_STEPS = 200
+WARMUP_MAX_SECONDS = 2.0
+
+
+def settled(times: list, window: int = WINDOW, tolerance: float = TOLERANCE) -> bool:
+    """True when the last `window` times' median is within `tolerance` of the `window` before's."""
+    if len(times) < 2 * window:
+        return False
+    last = statistics.median(times[-window:])
+    before = statistics.median(times[-2 * window : -window])
+    return abs(last - before) <= tolerance * last
+
+
+def warm_up(backend, run_step: Callable[[], float], min_steps: int, max_seconds: float = WARMUP_MAX_SECONDS) -> dict:
+    """Run untimed steps until their times settle; returns the slowest rank's times, this rank's
+    losses and whether the times settled.
+
+    `run_step` runs one step, synchronises the device and returns the loss. The stopping rule
+    only reads numbers every rank shares (the count and the slowest-rank times), so all ranks
+    stop together.
+    """
+    times: list = []
+    losses: list = []
+    while True:
+        start = time.perf_counter()
+        losses.append(run_step())
+        elapsed = time.perf_counter() - start
+        if backend.world_size > 1:
+            elapsed = float(backend.allreduce(torch.tensor([elapsed], dtype=torch.float64), op="max").item())
+        times.append(elapsed)
+        if len(times) >= min_steps and settled(times):
+            return {"warmup_s": times, "warmup_losses": losses, "warmup_settled": True}
+        if len(times) >= max(min_steps, WARMUP_MAX_STEPS) or sum(times) >= max_seconds and len(times) >= min_steps:
+            return {"warmup_s": times, "warmup_losses": losses, "warmup_settled": False}
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of `tensor` stored on this rank: a DTensor's local shard, else the whole tensor."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def _total(tensors: Iterable) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and id(t) not in seen:
+            seen.add(id(t))
+            total += local_bytes(t)
+    return total
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """{"parameters", "gradients", "optimizer"}: bytes this rank holds of each (see module doc).
+
+    Parameters are the optimizer's (a sharding backend's model may have gathered ones swapped in
+    between a forward and its backward), else the model's.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]] or list(model.parameters())
+    return {
+        "parameters": _total(params),
+        "gradients": _total(p.grad for p in params),
+        "optimizer": _total(value for state in optimizer.state.values() for value in state.values()),
+    }
+
+
+#: Steps recorded: enough to show a steady step between its neighbours, small enough to open quickly.
+TRACE_STEPS = 3
+
+
+def trace_name(model_label: str, rank: int) -> str:
+    """ "mlp(width=16)", 1 -> "mlp-width-16-rank1.json" (a plain file name)."""
+    return f"{re.sub(r'[^A-Za-z0-9]+', '-', model_label).strip('-')}-rank{rank}.json"
+
+
+def write_trace(backend, step: Callable, batches: Iterator, directory: Path, model_label: str) -> str:
+    """Profile TRACE_STEPS steps of `step` and write this rank's Chrome trace under `directory`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU]
+    if backend.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    backend.barrier()
+    with profile(activities=activities) as prof:
+        for i in range(TRACE_STEPS):
+            with record_function(f"paraflow step {i}"):
+                step(*next(batches))
+                if backend.device.type == "cuda":
+                    torch.cuda.synchronize(backend.device)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / trace_name(model_label, backend.rank)
+    prof.export_chrome_trace(str(path))
+    return str(path)
+
+
+#: Per-pair lists a rank writes under "breakdown" (seconds); `step_s` is the synced step they split.
+PARTS = ("compute_s", "overlapped_comm_s", "exposed_comm_s", "optimizer_s", "step_s")
+
+
+@contextlib.contextmanager
+def gradient_clock(model: torch.nn.Module, marks: dict) -> Iterator[None]:
+    """Record in `marks` the first ("first_grad") and last ("last_grad") gradient ready of each backward."""
+
+    def ready(_param: torch.Tensor) -> None:
+        now = time.perf_counter()
+        marks.setdefault("first_grad", now)
+        marks["last_grad"] = now
+
+    handles = [p.register_post_accumulate_grad_hook(ready) for p in model.parameters() if p.requires_grad]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def timed_synchronize(optimizer, marks: dict) -> Iterator[None]:
+    """Record the start and end of the optimizer's gradient wait (horovod's ``synchronize``), if it has one."""
+    synchronize = getattr(optimizer, "synchronize", None)
+    if not callable(synchronize):
+        yield
+        return
+
+    def timed() -> None:
+        marks["sync_start"] = time.perf_counter()
+        try:
+            return synchronize()
+        finally:
+            marks["sync_end"] = time.perf_counter()
+
+    optimizer.synchronize = timed
+    try:
+        yield
+    finally:
+        optimizer.synchronize = synchronize
+
+
+def step_parts(marks: dict, start: float, end: float) -> dict:
+    """One step's durations (seconds) from its marks, taken between `start` and `end`."""
+    zeroed, backward, optimizer = marks["zeroed"], marks["backward"], marks["optimizer"]
+    last = marks.get("last_grad")
+    first = marks.get("first_grad")
+    return {
+        "step": end - start,
+        "forward_backward": backward - zeroed,
+        "optimizer": optimizer - backward,
+        "tail": backward - (last if last is not None else zeroed),
+        "wait": marks["sync_end"] - marks["sync_start"] if "sync_end" in marks else 0.0,
+        "overlap_window": None if first is None else last - first,
+    }
+
+
+def pair_breakdown(synced: dict, unsynced: dict, whole: bool = False) -> dict:
+    """The breakdown (seconds) of a synced step, from it and the unsynced step of its pair.
+
+    `whole`: the backend still communicates without gradient sync (fsdp gathers its parameters),
+    so gradients are not ready at comparable moments: exposed communication is the whole
+    forward + backward difference, and overlapped communication is not measured.
+    """
+    compute = unsynced["forward_backward"]
+    optimizer = unsynced["optimizer"] - unsynced["wait"]
+    if whole:
+        exposed = synced["forward_backward"] - unsynced["forward_backward"] + synced["wait"] - unsynced["wait"]
+    else:
+        exposed = synced["tail"] - unsynced["tail"] + synced["wait"] - unsynced["wait"]
+    return {
+        "compute_s": compute,
+        "overlapped_comm_s": None if whole else synced["overlap_window"],
+        "exposed_comm_s": exposed,
+        "optimizer_s": optimizer,
+        "step_s": synced["step"],
+    }
+
+
+def window_breakdown(parts: list) -> dict:
+    """The breakdown of steps that do not communicate (one process): no communication at all."""
+    return {
+        "compute_s": [p["forward_backward"] for p in parts],
+        "overlapped_comm_s": [0.0] * len(parts),
+        "exposed_comm_s": [0.0] * len(parts),
+        "optimizer_s": [p["optimizer"] for p in parts],
+        "step_s": [p["step"] for p in parts],
+    }
+
+
+def run_pairs(
+    backend, model: torch.nn.Module, optimizer, step: Callable, marks: dict, batches: Iterator, pairs: int
+) -> dict:
+    """`pairs` pairs of steps with and without gradient sync, order alternating, timed in parts.
+
+    `step` must fill `marks` (train_loop.make_step with marks). Returns sync_pair_step_s,
+    no_sync_step_s and breakdown (lists of PARTS, one value per pair).
+    """
+    device = backend.device
+    sync_s, no_sync_s = [], []
+    breakdown: dict = {key: [] for key in PARTS}
+    with gradient_clock(model, marks), timed_synchronize(optimizer, marks):
+        for i in range(pairs):
+            parts = {}
+            for synced in (True, False) if i % 2 == 0 else (False, True):
+                marks.clear()
+                t0 = time.perf_counter()
+                if synced:
+                    step(*next(batches))
+                else:
+                    with backend.no_sync(model), local_update(optimizer):
+                        step(*next(batches))
+                device_sync(device)
+                t1 = time.perf_counter()
+                (sync_s if synced else no_sync_s).append(t1 - t0)
+                parts[synced] = step_parts(marks, t0, t1)
+            whole = no_sync_communicates(backend)
+            for key, value in pair_breakdown(parts[True], parts[False], whole).items():
+                breakdown[key].append(value)
+    return {"sync_pair_step_s": sync_s, "no_sync_step_s": no_sync_s, "breakdown": _none_if_missing(breakdown)}
+
+
+def _none_if_missing(breakdown: dict) -> dict:
+    """A part no step could measure (no gradient hook fired) is None rather than a list of Nones."""
+    return {k: (None if any(v is None for v in values) else values) for k, values in breakdown.items()}

@@ -19,15 +19,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["main", "leave", "transport_of", "TASKS"]
-
-#: Task name prefix per scaling mode in the rank JSON: train/<model>, train-strong/<model>.
-TASKS = {"weak": "train", "strong": "train-strong"}
-
-
-def transport_of(backend) -> str:
-    """How this backend moves tensors between replicas: nccl, gloo, mpi, or none."""
-    return backend.transport or "none"
+__all__ = ["main", "leave"]
 
 
 class RankFile:
@@ -75,7 +67,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--classes", type=int, default=10, help="classes of that module's synthetic batch")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=30, help="timed steps, at least")
-    p.add_argument("--profile-steps", type=int, default=20, help="overhead: steps under the own-code profiler")
     p.add_argument("--min-window", type=float, default=0.0, help="seconds the timed window lasts, at least")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome trace of a few steps per model here")
@@ -98,7 +89,7 @@ def _meta(backend=None, pinned=None) -> dict:
             local_world_size=backend.local_world_size,
             backend=backend.name,
             launcher=backend.launcher,
-            transport=transport_of(backend),
+            transport=backend.transport or "none",
             device=str(backend.device),
         )
     else:
@@ -113,20 +104,19 @@ def main(argv=None) -> int:
     pinned: list = []  # filled by pin() with the cores taken
     free: dict = {}
 
-    def pin() -> None:
+    def pin(local_rank: int) -> None:
         """Pin once the communication libraries have started their threads (see pinning.py)."""
         if args.pin:
             from .pinning import free_threads, idle_polling_loops, pin_rank
 
-            pinned.extend(pin_rank(threads) or [])
+            pinned.extend(pin_rank(threads, local_rank) or [])
             free["free_threads"] = free_threads(pinned) if pinned else None
             free["idle_loops"] = idle_polling_loops() if pinned else None
 
     if args.memcpy_sizes:
-        from .memcpy import run_memcpy
+        from .sweep import run_memcpy
 
-        pin()
-
+        pin(0)
         result = run_memcpy(args.memcpy_sizes, threads)
         RankFile(args.out, 0, _meta(pinned=pinned or None)).add("memcpy", result)
         return 0
@@ -138,11 +128,12 @@ def main(argv=None) -> int:
 
     from ..driver.config import ModelSpec
     from ..driver.tune import option_value
+    from ..report.launches import TASK_PREFIX
     from .train_loop import run_training
 
     options = {k: option_value(v) for k, _, v in (o.partition("=") for o in args.option)}
     with paraflow.init(args.backend, **options) as backend:
-        pin()
+        pin(backend.local_rank)
         meta = {**_meta(backend, pinned or None), **free, "options": options}
         rank_file = RankFile(args.out, backend.rank, meta)
         for text in args.model:
@@ -151,7 +142,7 @@ def main(argv=None) -> int:
                 if scaling == "strong" and backend.world_size == 1:
                     continue  # one process: the same run as weak scaling
                 result = run_training(backend, spec, args, scaling)
-                rank_file.add(f"{TASKS[scaling]}/{spec}", result)
+                rank_file.add(f"{TASK_PREFIX[scaling]}/{spec}", result)
         if args.sweep_sizes:
             from ...core.registry import spec as registered
             from ..backends import raw_loop
@@ -173,7 +164,6 @@ def main(argv=None) -> int:
                 args.warmup,
                 args.overhead_pairs,
                 args.seed,
-                args.profile_steps,
                 args.overhead_seconds,
             )
             rank_file.add("overhead", overhead)

@@ -12,16 +12,9 @@ log values (their centres and standard errors recovered from the t intervals and
 and the p-values are adjusted for the number of figures (Holm): a figure *differs* when the
 adjusted p-value is below 5%, which, when nothing changed, happens in at most 1 run pair in 20.
 
-The report also counts the figures whose two intervals overlap, the looser and usual reading of
-"agreeing within the error bars": two 95% intervals of one quantity miss each other only when the
-runs differ by more than both half-widths together (for normal figures with equal intervals,
-about 1 figure in 180 when nothing changed).
-
-Then the shift both runs' figures share: B's step time over A's, the median over every step-time
-figure both runs have, with its distribution-free 95% interval (order statistics), and how many
-medians still lie outside the other run's interval once B is scaled back by it. A machine that ran
-faster or slower during one run moves every figure alike, and launches within one run cannot
-show it (they share it); what remains outside after the shift is what differs cell by cell.
+A machine that ran faster or slower during one run moves every figure alike, and launches within
+one run cannot show it (they share it): the speed probe after every launch says how fast the
+machine itself was in each run.
 """
 
 from __future__ import annotations
@@ -33,15 +26,12 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import ConfigurationError
-from .intervals import CONFIDENCE, binomial_interval, median
-from .student import holm, t_quantile, two_sided_p, welch
+from .intervals import CONFIDENCE, holm, t_quantile, two_sided_p, welch
 
 __all__ = ["load_results", "compare_runs", "compare_main"]
 
 _KEY = ("model", "scaling", "backend", "launcher", "processes")
 FIGURES = {"step_ms_median": "step ms", "samples_per_s": "samples/s"}
-#: How each figure moves when every step takes `shift` times as long: shift ** power.
-_POWER = {"step_ms_median": 1, "samples_per_s": -1}
 
 
 def load_results(path: str) -> dict:
@@ -102,8 +92,7 @@ def compare_runs(a: dict, b: dict) -> dict:
             entry[key] = {
                 "a": [va, la, ha],
                 "b": [vb, lb, hb],
-                "agree": _agree([va, la, ha], [vb, lb, hb]),
-                "overlap": None not in (la, ha, lb, hb) and la <= hb and lb <= ha,
+                "agree": _inside(vb, la, ha) and _inside(va, lb, hb),
             }
             ea, eb = _log_normal(va, la, ha, ra.get("launches")), _log_normal(vb, lb, hb, rb.get("launches"))
             entry[key]["p"] = welch_p(ea, eb) if ea and eb else None
@@ -126,56 +115,13 @@ def compare_runs(a: dict, b: dict) -> dict:
         "claims": claims,
         "agree": agree and bool(rows),
         "consistent": not differ,
-        "overlap": sum(e[k]["overlap"] for e in rows for k in FIGURES),
-        "figures": len(rows) * len(FIGURES),
         "differ": differ,
         "probe": _probes(a, b),
-        "shift": shared_shift(rows),
     }
 
 
-def _agree(a: list, b: list, scale: float = 1.0) -> bool:
-    """Each run's median inside the other's interval ([value, low, high] each), B's figure scaled
-    back by `scale` first."""
-    (va, la, ha), (vb, lb, hb) = a, b
-    if va is None or vb is None:
-        return False
-    return _inside(vb / scale, la, ha) and _inside(va * scale, lb, hb)
-
-
-def shared_shift(rows: list) -> Optional[dict]:
-    """B's step time over A's as most figures share it: {"ratio" (the median over the step-time
-    figures), "low", "high", "coverage" (order statistics; below 95% with 5 figures or fewer),
-    "figures", "outside" (medians outside the other run's interval with B scaled back by it)},
-    or None when no step time is in both runs."""
-    ratios = []
-    for e in rows:
-        (va, _, _), (vb, _, _) = e["step_ms_median"]["a"], e["step_ms_median"]["b"]
-        if va and vb and va > 0 and vb > 0:
-            ratios.append(vb / va)
-    if not ratios:
-        return None
-    ratio = median(ratios)
-    low, high, coverage = binomial_interval(ratios)
-    outside = sum(not _agree(e[key]["a"], e[key]["b"], ratio ** _POWER[key]) for e in rows for key in FIGURES)
-    return {"ratio": ratio, "low": low, "high": high, "coverage": coverage, "figures": len(ratios), "outside": outside}
-
-
-def _shift_line(shift: dict, measured: int) -> str:
-    ratio = shift["ratio"]
-    way = "longer" if ratio > 1 else "shorter"
-    cover = "" if shift["coverage"] >= 0.95 else f", {shift['coverage']:.0%} coverage"
-    return (
-        f"Shared shift: B's step times are a median {abs(ratio - 1):.1%} {way} than A's over "
-        f"{shift['figures']} figures (×{ratio:.3f} [{shift['low']:.3f}–{shift['high']:.3f}], order "
-        f"statistics{cover}); with B scaled back by it, {shift['outside']} median(s) lie outside the "
-        f"other run's interval ({measured} as measured). A shift every cell shares points at the "
-        "machine or the whole run, not at one backend; what remains outside differs cell by cell."
-    )
-
-
 def _probes(a: dict, b: dict) -> Optional[dict]:
-    """Both runs' machine speed probes (driver/speed_probe.py) and B's median over A's, or None."""
+    """Both runs' machine speed probes (driver/runner.py's probe_ms) and B's median over A's, or None."""
     pa, pb = (run.get("header", {}).get("speed_probe") for run in (a, b))
     if not pa or not pb:
         return None
@@ -192,18 +138,21 @@ def _cell(value, low, high) -> str:
 
 def report(a_name: str, b_name: str, result: dict) -> str:
     """The comparison as Markdown: the medians table, then the verdicts."""
+    from tabulate import tabulate
+
     head = ["model", "scaling", "backend", "launcher", "procs"]
     for label in FIGURES.values():
         head += [f"{label} A", f"{label} B", "agree", "p (Holm)"]
-    lines = [f"A = {a_name}, B = {b_name}; medians over launches with 95% intervals", ""]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for e in result["rows"]:
         cells = [str(e[k]) for k in _KEY]
         for key in FIGURES:
             p = e[key].get("p_holm")
             mark = "—" if p is None else f"{p:.2g}" + (" DIFFERS" if e[key]["differs"] else "")
             cells += [_cell(*e[key]["a"]), _cell(*e[key]["b"]), "yes" if e[key]["agree"] else "NO", mark]
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
+    lines = [f"A = {a_name}, B = {b_name}; medians over launches with 95% intervals", ""]
+    lines += [tabulate(body, headers=head, tablefmt="github", disable_numparse=True)]
     claims = result["claims"]
     lines += ["", f"Verdicts: {len(claims['same'])} identical in both runs"]
     lines += [f"- only in A: {c}" for c in claims["only_a"]]
@@ -220,14 +169,10 @@ def report(a_name: str, b_name: str, result: dict) -> str:
             f"during B the machine itself was {pace} during A.",
         ]
     disagree = sum(not e[k]["agree"] for e in result["rows"] for k in FIGURES)
-    if result.get("shift"):
-        lines += ["", _shift_line(result["shift"], disagree)]
     lines += [
         "",
         f"{'AGREE' if result['agree'] else 'DISAGREE'}: {disagree} median(s) outside the other run's interval, "
         f"{len(claims['only_a']) + len(claims['only_b'])} verdict(s) differ.",
-        f"Intervals overlap for {result['overlap']} of {result['figures']} figures (the looser reading: two 95% "
-        "intervals of one quantity miss each other about once in 180 figures when nothing changed).",
         f"{'CONSISTENT' if result['consistent'] else 'DIFFERENT'}: {result['differ']} figure(s) differ between the "
         "runs by Welch's t test of their log values, Holm-adjusted over all figures at 5%.",
     ]

@@ -1,4 +1,13 @@
-"""Latency α and bandwidth B of each library's allreduce, fitted to the collective sweep.
+"""The cost model: α-β fits of each library's allreduce, predicted step times, a projection to many hosts.
+
+Computation only, on numbers the run already measured (the collective sweep, the training rows
+and their no-sync steps): built with every run, and again by ``paraflow bench project DIR``
+from a results folder.
+
+The fit
+-------
+
+Latency α and bandwidth B of each library's allreduce, fitted to the collective sweep.
 
 An allreduce of S bytes over n ranks takes T = a(n)·α + b(n)·S/B, with the coefficients of the
 algorithm the library runs for the sweep's sizes:
@@ -19,28 +28,85 @@ subtracted before the fit (``fixed``), so α stays the per-step latency that gro
 
 The fit is weighted least squares on relative error (weights 1/T², so 4 KB counts as much as
 64 MB), α and 1/B held non-negative; residuals are reported per size.
+
+The prediction
+--------------
+
+Each measured multi-process training row's step time, predicted from compute and the α-β fit.
+
+predicted step = compute + the modelled time of the messages the backend sends per step, with no
+overlap: on a CPU host the library's threads and the backward pass share the same cores, so
+communication is taken to add to the step (the comm overhead column measures how far that holds).
+
+compute: the row's ``compute_ms`` where the table has it, else the median step without gradient
+sync that the comm overhead measurement records (forward, backward, local optimizer update).
+
+Messages per step, from the model's own parameter tensors where the model can be rebuilt from its
+spec (else from the gradient bytes alone):
+
+- DDP: its gradient buckets as torch forms them after the first iteration's rebuild (gradients in
+  the order backward produces them, about the reverse of the parameters; ``bucket_cap_mb`` 25 MiB,
+  the first bucket 1 MiB), one allreduce each (``torch.distributed._compute_bucket_assignment_by_size``);
+- horovod: the gradients fused into buffers of up to the fusion threshold (128 MiB), one
+  allreduce each;
+- fsdp: per sharded unit (the blocks fsdp chooses, then the root), an all-gather before forward,
+  another before backward (not for the root, which keeps its parameters) and a reduce-scatter of
+  its gradients, each modelled as half a ring allreduce. fsdp's step without gradient sync still
+  all-gathers, so its compute is that step minus the modelled all-gathers (the prediction at the
+  measured n then adds only the reduce-scatters; the projection all three).
+
+The projection
+--------------
+
+A projection, not a measurement: step time, samples/s and weak-scaling efficiency at many hosts.
+
+Each measured multi-process row (its compute time and the messages its backend sends, from
+the prediction above) is carried to N hosts, one rank per host, with its backend's fitted form
+(the fit above): the fitted latency α, and as bandwidth either the fitted one ("as fitted") or a
+stated link's rate times TCP's payload share (1448 of every 1514 bytes on the wire). No overlap of
+communication with compute, as in the predictions; efficiency = compute / projected step (the step
+without communication as the one-rank baseline), samples/s = N × batch per rank / step.
+
+:func:`published_comparison` holds the same form against Horovod's published weak scaling on 512
+GPUs (128 servers × 4 Pascal GPUs, 25 Gbit/s RoCE): 90 % for Inception V3 and ResNet-101, 68 % for
+VGG-16, at batch 64 per GPU. Compute per step = 64 / the model's single-P100 throughput in
+TensorFlow's tf_cnn_benchmarks (DGX-1, synthetic data, batch 64: Inception V3 142 images/s, VGG-16
+154; ResNet-101 is not in that table and is interpolated by its FLOPs between ResNet-50, 219, and
+ResNet-152, 91.8: 129). The gradient is one flat ring over all 512 GPUs (NCCL, as Horovod ran then)
+whose slowest hop is each server's 25 Gbit/s link, fused in buffers of 64 MiB (the fusion
+threshold's default then) after one 5 ms cycle (the cycle time's default then), with a stated α per
+ring step. Two bounds: no overlap, and overlap with
+the backward pass (2/3 of compute) of everything but the last fused buffer.
+
+paraflow bench project
+----------------------
+
+``paraflow bench project DIR``: the cost model from a results folder, running nothing.
+
+Rebuilds every table from the folder's raw numbers (so an older run gets the model too), prints
+the fits, the predictions, the projection and the published comparison, and writes
+``projection.json``, ``costmodel.csv``, ``projection.csv``, ``published.csv`` and
+``projection.png`` into the folder.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
+import sys
+from pathlib import Path
 from typing import Optional
 
-import torch
+import numpy as np
 
 from ...errors import ConfigurationError
+from ..driver.config import ModelSpec
+from . import metrics
+from .launches import TASK_PREFIX, groups, rounded, task_of
 
-__all__ = [
-    "HOROVOD_CYCLE_S",
-    "fixed_s",
-    "ALGORITHMS",
-    "algorithm_of",
-    "coefficients",
-    "fit_alpha_beta",
-    "allreduce_s",
-    "fit_sweep",
-    "FIT_COLUMNS",
-]
+__all__ = ["fit_sweep", "predict_rows", "project", "published_comparison", "model_tables", "model_sections"]
+__all__ += ["project_main", "FIT_COLUMNS", "PROJECTION_COLUMNS", "PUBLISHED_COLUMNS", "PREDICTION_COLUMNS"]
 
 HOROVOD_CYCLE_S = 1e-3  # HOROVOD_CYCLE_TIME's default since horovod 0.21
 
@@ -98,35 +164,14 @@ def allreduce_s(alpha: float, bandwidth: float, size: float, n: int, algorithm: 
     return a * alpha + b * size / bandwidth
 
 
-def _solve(design: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Least squares for one or two unknowns with rows scaled by `weights` (1/T: each residual
-    relative to its time). Plain float64 arithmetic on the normal equations of the columns scaled
-    to unit length: the same bits whatever torch's thread count (LAPACK's lstsq differs in the last
-    bits between 1 and 2 threads, and tables rebuilt from results.json must match)."""
-    columns = list(zip(*(design * weights[:, None]).tolist()))
-    y = (target * weights).tolist()
-    scales = [math.sqrt(math.fsum(v * v for v in column)) or 1.0 for column in columns]
-    columns = [[v / scale for v in column] for column, scale in zip(columns, scales)]
-    gram = [[math.fsum(a * b for a, b in zip(ci, cj)) for cj in columns] for ci in columns]
-    right = [math.fsum(a * b for a, b in zip(column, y)) for column in columns]
-    if len(columns) == 1:
-        solution = [right[0] / gram[0][0]]
-    else:
-        det = gram[0][0] * gram[1][1] - gram[0][1] * gram[1][0]
-        solution = [
-            (right[0] * gram[1][1] - gram[0][1] * right[1]) / det,
-            (gram[0][0] * right[1] - gram[1][0] * right[0]) / det,
-        ]
-    return torch.tensor([p / scale for p, scale in zip(solution, scales)], dtype=torch.float64)
-
-
 def fit_alpha_beta(
     sizes: list, times: list, n: int, algorithm: str = "ring", fixed: float = 0.0
 ) -> tuple[float, float]:
     """(α seconds, B bytes/s) of `algorithm` on `n` ranks from allreduce `times` (s) at `sizes` (bytes),
     each time being `fixed` + a(n)·α + b(n)·S/B.
 
-    Needs at least two distinct sizes and positive times; a negative α is clamped to 0 and B refitted.
+    Needs at least two distinct sizes and positive times. Non-negative least squares (scipy's nnls):
+    where the unconstrained α would be negative it is 0 and B is fitted alone.
     """
     if n < 2:
         raise ConfigurationError(f"an allreduce fit needs 2 or more ranks, got n={n}.")
@@ -135,17 +180,16 @@ def fit_alpha_beta(
             f"an α-β fit needs positive times at two or more sizes, got sizes={sizes} times={times}; "
             "run the sweep with --min-bytes below --max-bytes."
         )
+    from scipy.optimize import nnls
+
     a, b = coefficients(algorithm, n)
-    s = torch.tensor(sizes, dtype=torch.float64)
-    t = torch.tensor(times, dtype=torch.float64)
-    design = torch.stack([torch.full_like(s, a), b * s], dim=1)
-    weights = 1.0 / t
-    alpha, inverse = _solve(design, t - fixed, weights).tolist()
-    if alpha < 0:
-        alpha, inverse = 0.0, _solve(design[:, 1:], t - fixed, weights).item()
-    if inverse <= 0:  # times do not grow with size: latency alone, bandwidth unresolved (infinite)
-        return max(0.0, _solve(design[:, :1], t - fixed, weights).item()), math.inf
-    return alpha, 1.0 / inverse
+    rows = [[a / t, b * s / t] for s, t in zip(sizes, times)]  # each residual relative to its time
+    scales = [math.hypot(*column) for column in zip(*rows)]  # columns of unit length: well conditioned
+    design = np.array([[v / scale for v, scale in zip(row, scales)] for row in rows])
+    solution, _ = nnls(design, np.array([(t - fixed) / t for t in times]))
+    alpha, inverse = (float(x) / scale for x, scale in zip(solution, scales))
+    # times that do not grow with size: latency alone, bandwidth unresolved (infinite)
+    return alpha, 1.0 / inverse if inverse > 0 else math.inf
 
 
 def _link(header: Optional[dict]) -> str:
@@ -198,3 +242,389 @@ def fit_sweep(sweep: list, header: Optional[dict] = None) -> list:
         ]
         fits.append(fit)
     return fits
+
+
+DDP_FIRST_BUCKET = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET = 25 * 1024 * 1024  # bucket_cap_mb=25
+HOROVOD_FUSION = 128 * 1024 * 1024  # HOROVOD_FUSION_THRESHOLD's default since horovod 0.21
+
+
+def _chunks(total: int, first: int, rest: int) -> list:
+    out, left, cap = [], total, first
+    while left > 0:
+        out.append(min(left, cap))
+        left -= out[-1]
+        cap = rest
+    return out
+
+
+def _ddp_buckets(tensor_bytes: list) -> list:
+    import torch
+    import torch.distributed as dist
+
+    tensors = [torch.empty(b // 4, device="meta") for b in reversed(tensor_bytes)]  # float32 gradients
+    buckets, _ = dist._compute_bucket_assignment_by_size(tensors, [DDP_FIRST_BUCKET, DDP_BUCKET])
+    return [sum(tensors[i].numel() * 4 for i in bucket) for bucket in buckets]
+
+
+def messages(
+    backend: str,
+    grad_bytes: int,
+    tensors: Optional[list] = None,
+    units: Optional[list] = None,
+    fusion: int = HOROVOD_FUSION,
+) -> list:
+    """[(collective, bytes)] one rank sends per step under `backend` for `grad_bytes` of gradients.
+
+    `tensors`: the parameters' byte sizes in the model's order (DDP buckets them as torch does);
+    `units`: fsdp's sharded units' byte sizes, blocks first, the root last.
+    """
+    if backend.startswith("ddp"):
+        sizes = _ddp_buckets(tensors) if tensors else _chunks(grad_bytes, DDP_FIRST_BUCKET, DDP_BUCKET)
+        return [("allreduce", s) for s in sizes]
+    if backend == "horovod":
+        return [("allreduce", s) for s in _chunks(grad_bytes, fusion or grad_bytes, fusion or grad_bytes)]
+    if backend == "fsdp":
+        units = units or [grad_bytes]
+        out = [("allgather", u) for u in units]  # forward
+        out += [("allgather", u) for u in units[:-1]]  # backward, the root keeps its parameters
+        return out + [("reduce_scatter", u) for u in units]
+    return []
+
+
+def comm_s(parts: list, alpha: float, bandwidth: float, n: int, algorithm: str, fixed: float = 0.0) -> list:
+    """Modelled seconds of each message on `n` ranks: allreduces by `algorithm`, the rest as half a
+    ring, each plus `fixed` (horovod's cycle)."""
+    return [
+        fixed + allreduce_s(alpha, bandwidth, size, n, algorithm if kind == "allreduce" else "half")
+        for kind, size in parts
+    ]
+
+
+def _model_sizes(spec: str, parameters: Optional[int]) -> tuple:
+    """(parameter byte sizes in order, fsdp unit byte sizes) of `spec` rebuilt (as each rank built it);
+    (None, None) when it cannot be rebuilt with the row's parameter count."""
+    from ...backends.fsdp.wrap import DEFAULT_MIN_BLOCK_PARAMS, choose_blocks
+    from ...examples.models import build_model
+
+    model_spec = ModelSpec.parse(spec)
+    if model_spec.kind != "builtin":
+        return None, None  # your model is not rebuilt here: the prediction uses its gradient bytes
+    model = build_model(model_spec.name, **model_spec.kwargs)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if parameters is not None and sum(p.numel() for p in params) != parameters:
+        return None, None  # other input shape than the default: fall back to the gradient bytes
+    units, taken = [], set()
+    for block in choose_blocks(model, None, DEFAULT_MIN_BLOCK_PARAMS):
+        free = [p for p in block.parameters() if id(p) not in taken]
+        taken.update(id(p) for p in free)
+        units.append(sum(p.numel() * p.element_size() for p in free))
+    units.append(sum(p.numel() * p.element_size() for p in params if id(p) not in taken))
+    return [p.numel() * p.element_size() for p in params], [u for u in units if u] or None
+
+
+def row_facts(cells: list) -> dict:
+    """(model label, scaling, backend, launcher, processes) -> spec, gradient bytes and the median
+    no-sync step (ms) of that training cell, from the raw per-rank records."""
+    facts = {}
+    for launches in groups(cells, "train").values():
+        first = launches[0]
+        for spec in first["models"]:
+            for scaling, prefix in TASK_PREFIX.items():
+                found = [t for c in launches for t in [task_of(c, f"{prefix}/{spec}")] if t is not None]
+                if not found:
+                    continue
+                no_sync = [
+                    statistics.median(metrics.slowest_rank_per_step([t["no_sync_step_s"] for t in tasks]))
+                    for tasks in found
+                    if all(t.get("no_sync_step_s") for t in tasks)
+                ]
+                key = (found[0][0]["model"], scaling, first["backend"], first["launcher"], first["nproc"])
+                facts[key] = {
+                    "spec": spec,
+                    "grad_bytes": found[0][0]["grad_bytes"],
+                    "no_sync_ms": statistics.median(no_sync) * 1e3 if no_sync else None,
+                }
+    return facts
+
+
+def predict_rows(training: list, fits: list, cells: list) -> list:
+    """Add ``predicted_step_ms`` and ``prediction_error`` (predicted / measured − 1) to every
+    multi-process row with a fit and a compute time; returns what each prediction used."""
+    by_cell = {(f["backend"], f["launcher"], f["processes"]): f for f in fits if f["status"].startswith("ok")}
+    facts = row_facts(cells)
+    sizes: dict = {}
+    details = []
+    for row in training:
+        fit = by_cell.get((row["backend"], row["launcher"], row["processes"]))
+        fact = facts.get((row["model"], row["scaling"], row["backend"], row["launcher"], row["processes"]))
+        if row.get("setting", "default") != "default":  # a tuned row's messages differ from the defaults'
+            continue
+        if fit is None or fact is None or row.get("step_ms_median") is None:
+            continue
+        compute = row.get("compute_ms")
+        source = "compute_ms" if compute is not None else "no-sync step"
+        compute = compute if compute is not None else fact["no_sync_ms"]
+        if compute is None:
+            continue
+        if fact["spec"] not in sizes:
+            sizes[fact["spec"]] = _model_sizes(fact["spec"], row.get("parameters"))
+        tensors, units = sizes[fact["spec"]]
+        parts = messages(row["backend"], fact["grad_bytes"], tensors, units)
+        bandwidth = fit["bandwidth_bps"] or math.inf
+        times = comm_s(parts, fit["alpha_s"], bandwidth, row["processes"], fit["algorithm"], fit.get("fixed_s", 0.0))
+        predicted = compute + sum(times) * 1e3
+        if row["backend"] == "fsdp":  # its no-sync step still all-gathers: those are in the measured compute
+            gathered = sum(t for (kind, _), t in zip(parts, times) if kind == "allgather") * 1e3
+            predicted -= gathered
+            compute, source = max(compute - gathered, 0.0), f"{source} - modelled all-gathers"
+        row["predicted_step_ms"] = rounded(predicted, 3)
+        row["prediction_error"] = rounded(predicted / row["step_ms_median"] - 1, 4)
+        details.append(
+            {
+                "model": row["model"],
+                "scaling": row["scaling"],
+                "backend": row["backend"],
+                "launcher": row["launcher"],
+                "processes": row["processes"],
+                "link": fit["link"],
+                "batch_per_rank": row.get("batch_per_rank"),
+                "compute_ms": rounded(compute, 3),
+                "compute_from": source,
+                "messages": [[kind, size] for kind, size in parts],
+                "comm_ms": rounded(sum(times) * 1e3, 3),
+                "predicted_step_ms": row["predicted_step_ms"],
+                "measured_step_ms": row["step_ms_median"],
+                "prediction_error": row["prediction_error"],
+                "scaling_efficiency": row.get("scaling_efficiency"),
+                "algorithm": algorithm_of(row["backend"], row.get("transport")),
+                "fixed_s": fit.get("fixed_s", 0.0),
+                "alpha_s": fit["alpha_s"],
+                "bandwidth_bps": fit["bandwidth_bps"],  # None: unresolved, taken as infinite
+            }
+        )
+    return details
+
+
+HOSTS = (8, 32, 128)
+LINKS_GBIT = (10, 100)
+PAYLOAD_SHARE = 1448 / 1514  # TCP payload per Ethernet frame
+BACKWARD_SHARE = 2 / 3  # backward ≈ twice forward's FLOPs
+
+#: model -> (parameters, single-P100 images/s at batch 64, Horovod's published efficiency on 512 GPUs)
+PUBLISHED = {
+    "Inception V3": (23_800_000, 142.0, 0.90),
+    "ResNet-101": (44_500_000, 129.0, 0.90),
+    "VGG-16": (138_000_000, 154.0, 0.68),
+}
+
+
+def exposed_s(times: list, compute_s: float, hidden_share: float) -> float:
+    """Communication the step waits for: all of it with no overlap (`hidden_share` 0), else what
+    exceeds `hidden_share` of compute, and never less than the last message."""
+    total = sum(times)
+    if hidden_share <= 0 or not times:
+        return total
+    return max(total - hidden_share * compute_s, times[-1])
+
+
+def _link_bandwidth(gbit: float) -> float:
+    return gbit * 1e9 / 8 * PAYLOAD_SHARE
+
+
+def project(details: list, hosts: tuple = HOSTS, links: tuple = LINKS_GBIT) -> list:
+    """Rows per measured row (weak scaling) x link x host count; the measured point first."""
+    rows = []
+    for d in details:
+        if d["scaling"] != "weak":
+            continue
+        compute = d["compute_ms"] * 1e-3
+        for link in ("as fitted", *links):
+            bandwidth = (d["bandwidth_bps"] or math.inf) if link == "as fitted" else _link_bandwidth(link)
+            label = f"as fitted ({d['link']})" if link == "as fitted" else f"{link:g} Gbit/s"
+            for n in hosts:
+                parts = [tuple(m) for m in d["messages"]]
+                times = comm_s(parts, d["alpha_s"], bandwidth, n, d["algorithm"], d.get("fixed_s", 0.0))
+                step = compute + sum(times)
+                rows.append(
+                    {
+                        "model": d["model"],
+                        "backend": d["backend"],
+                        "launcher": d["launcher"],
+                        "link": label,
+                        "hosts": n,
+                        "compute_ms": rounded(compute * 1e3, 3),
+                        "comm_ms": rounded(sum(times) * 1e3, 3),
+                        "step_ms": rounded(step * 1e3, 3),
+                        "samples_per_s": rounded(n * (d["batch_per_rank"] or 0) / step, 1),
+                        "efficiency": rounded(compute / step, 4),
+                    }
+                )
+    return rows
+
+
+def published_comparison(
+    alpha_s: float = 10e-6,
+    link_gbit: float = 25.0,
+    servers: int = 128,
+    gpus_per_server: int = 4,
+    batch: int = 64,
+    fusion_bytes: int = 64 * 1024 * 1024,
+    cycle_s: float = 5e-3,
+    payload_share: Optional[float] = None,
+) -> list:
+    """Projected against Horovod's published 512-GPU efficiencies, one row per model (see the module
+    docstring for every assumption); efficiencies with no overlap and with backward overlap."""
+    n = servers * gpus_per_server
+    bandwidth = link_gbit * 1e9 / 8 * (PAYLOAD_SHARE if payload_share is None else payload_share)
+    rows = []
+    for model, (parameters, images_per_s, published) in PUBLISHED.items():
+        grad = parameters * 4
+        compute = batch / images_per_s
+        parts = messages("horovod", grad, fusion=fusion_bytes)
+        times = [allreduce_s(alpha_s, bandwidth, size, n, "ring") for _, size in parts]
+        times[0] += cycle_s  # one cycle of horovod's background thread before the first buffer goes out
+        plain = compute / (compute + exposed_s(times, compute, 0))
+        overlapped = compute / (compute + exposed_s(times, compute, BACKWARD_SHARE))
+        rows.append(
+            {
+                "model": model,
+                "parameters": parameters,
+                "grad_mb": rounded(grad / 1e6, 1),
+                "messages": len(parts),
+                "compute_ms": rounded(compute * 1e3, 1),
+                "comm_ms": rounded(sum(times) * 1e3, 1),
+                "latency_ms": rounded((len(parts) * 2 * (n - 1) * alpha_s + cycle_s) * 1e3, 1),
+                "efficiency_no_overlap": rounded(plain, 3),
+                "efficiency_overlap": rounded(overlapped, 3),
+                "published": published,
+                "gpus": n,
+                "link": f"{link_gbit:g} Gbit/s",
+                "alpha_us": rounded(alpha_s * 1e6, 2),
+            }
+        )
+    return rows
+
+
+PROJECTION_COLUMNS = {
+    "model": "model",
+    "backend": "backend",
+    "launcher": "launcher",
+    "link": "link",
+    "hosts": "hosts",
+    "compute_ms": "compute ms",
+    "comm_ms": "comm ms",
+    "step_ms": "step ms",
+    "samples_per_s": "samples/s",
+    "efficiency": "weak-scaling eff",
+}
+PUBLISHED_COLUMNS = {
+    "model": "model",
+    "parameters": "params",
+    "grad_mb": "grad MB",
+    "messages": "fused buffers",
+    "compute_ms": "compute ms (P100, batch 64)",
+    "comm_ms": "allreduce ms",
+    "latency_ms": "of which latency ms",
+    "efficiency_no_overlap": "projected eff, no overlap",
+    "efficiency_overlap": "projected eff, backward overlap",
+    "published": "published eff",
+}
+MODEL_NOTE = (
+    "PROJECTION, not measurement: one rank per host, the fitted latency α of each backend, the link's rate x "
+    "1448/1514 (TCP payload) as bandwidth (or the fitted one), no overlap of communication with compute; "
+    "efficiency = compute / projected step. Forms: " + "; ".join(f"{k}: {v}" for k, v in ALGORITHMS.items()) + "."
+)
+
+
+def model_tables(cells: list, training: list, sweep: list, header: Optional[dict] = None) -> dict:
+    """costmodel_fit, predictions (what each training row's prediction used), projection, published.
+
+    Adds predicted_step_ms and prediction_error to the multi-process rows of `training` in place.
+    """
+    fits = fit_sweep(sweep, header)
+    details = predict_rows(training, fits, cells)
+    return {
+        "costmodel_fit": fits,
+        "predictions": details,
+        "projection": project(details),
+        "published": published_comparison(),
+    }
+
+
+def model_sections(tables: dict, fmt: str) -> list:
+    """(title, text) pairs for the terminal and results.md."""
+    from .tables import render
+
+    sections = []
+    if tables.get("costmodel_fit"):
+        sections.append(
+            (
+                "Cost model: allreduce latency α and bandwidth B fitted to the sweep (raw library's times)",
+                render(tables["costmodel_fit"], FIT_COLUMNS, fmt),
+            )
+        )
+    if tables.get("projection"):
+        sections.append(
+            (
+                "PROJECTION to many hosts from the cost model (not measured)",
+                render(tables["projection"], PROJECTION_COLUMNS, fmt) + "\n\n" + MODEL_NOTE,
+            )
+        )
+    if tables.get("published"):
+        first = tables["published"][0]
+        sections.append(
+            (
+                f"PROJECTION against Horovod's published scaling ({first['gpus']} GPUs, {first['link']}, "
+                f"α {first['alpha_us']:g} µs per ring step)",
+                render(tables["published"], PUBLISHED_COLUMNS, fmt),
+            )
+        )
+    return sections
+
+
+PREDICTION_COLUMNS = {
+    "model": "model",
+    "scaling": "scaling",
+    "backend": "backend",
+    "launcher": "launcher",
+    "processes": "procs",
+    "link": "link",
+    "compute_ms": "compute ms",
+    "compute_from": "compute from",
+    "comm_ms": "modelled comm ms",
+    "predicted_step_ms": "predicted step ms",
+    "measured_step_ms": "measured step ms",
+    "prediction_error": "prediction error",
+}
+KEYS = ("costmodel_fit", "predictions", "projection", "published")
+
+
+def project_main(path: str, out=None, plots: bool = True) -> int:
+    """Print and write the cost model of the run in `path`; 0 when it could fit and predict something."""
+    from .compare import load_results
+    from .outputs import write_csv
+    from .tables import build_tables, render
+
+    out = out or sys.stdout
+    results = load_results(path)
+    tables = build_tables(results["cells"], results["header"], results.get("config"))
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    (folder / "projection.json").write_text(json.dumps({k: tables[k] for k in KEYS}, indent=1))
+    for name, key, columns in (
+        ("costmodel.csv", "costmodel_fit", FIT_COLUMNS),
+        ("projection.csv", "projection", PROJECTION_COLUMNS),
+        ("published.csv", "published", PUBLISHED_COLUMNS),
+    ):
+        write_csv(folder / name, tables[key], columns, results["header"])
+    sections = model_sections(tables, "simple")
+    if tables["predictions"]:
+        sections.insert(1, ("Predicted against measured step time", render(tables["predictions"], PREDICTION_COLUMNS)))
+    for title, text in sections:
+        print(f"\n{title}\n{text}", file=out)
+    if plots and tables["projection"]:
+        from .plots import _save, projection_figure
+
+        _save(projection_figure(tables, results["header"]), folder / "projection.png")
+    print(f"\nwrote projection.json, costmodel.csv, projection.csv, published.csv to {folder}/", file=out)
+    return 0 if tables["predictions"] else 1

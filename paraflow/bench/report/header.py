@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import os
 import platform
 import socket
@@ -25,13 +24,6 @@ __all__ = [
 ]
 
 UNITS = "GB = 1e9 bytes, MB = 1e6 bytes; GB/s = 1e9 bytes per second; times are wall-clock"
-
-
-def _version(package: str) -> Optional[str]:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _mpi_version() -> str:
@@ -137,7 +129,8 @@ def binding_summary(cells: list, pin: bool) -> str:
 
 
 def extra_launches_line(extra: dict) -> str:
-    """Which cells got launches beyond --repeat because their intervals stayed wide (extra_launches.py)."""
+    """Which cells got launches beyond --repeat because their intervals stayed wide
+    (driver/runner.py's run_extra_launches)."""
     cells = ", ".join(f"{group} +{count}" for group, count in extra["cells"].items()) or "none"
     return (
         f"extra launches (a cell's interval still wider than --noisy after --repeat {extra['repeat']}; up to "
@@ -146,7 +139,7 @@ def extra_launches_line(extra: dict) -> str:
 
 
 def probe_line(probe: dict) -> str:
-    """The machine's own speed along the run (driver/speed_probe.py), in one line."""
+    """The machine's own speed along the run (driver/runner.py's probe_ms), in one line."""
     return (
         f"machine speed probe ({probe['kernel']}, after each of {probe['count']} launches): median "
         f"{probe['median_ms']:g} ms, {probe['min_ms']:g}–{probe['max_ms']:g} ms ({probe['spread']:.0%} spread)"

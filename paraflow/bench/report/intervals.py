@@ -22,10 +22,14 @@ bursts of load that make neighbouring pairs alike do not narrow it.
 
 Every draw comes from a generator seeded by what is estimated, so rebuilding the tables from
 results.json gives the same intervals.
+
+Student's t tail and quantile come from scipy; Welch's degrees of freedom and Holm's step-down
+adjustment say whether two figures differ, and by how much.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Sequence
@@ -33,8 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-
-from .student import t_quantile, welch
+from scipy import stats
 
 __all__ = [
     "CONFIDENCE",
@@ -44,7 +47,6 @@ __all__ = [
     "student_t",
     "within_launch",
     "blocks",
-    "constant",
     "across_launches",
     "estimate",
     "ratio",
@@ -52,6 +54,10 @@ __all__ = [
     "binomial_interval",
     "block_medians",
     "relative_halfwidth",
+    "two_sided_p",
+    "t_quantile",
+    "welch",
+    "holm",
 ]
 
 CONFIDENCE = 0.95
@@ -71,7 +77,6 @@ class Estimate:
     low: float
     high: float
     replicates: Optional[torch.Tensor] = None
-    launches: int = 0  # how many launches the replicates drew from (0: not from launches)
     log_t: Optional[tuple] = None  # (centre, standard error, degrees of freedom) of a t interval of its log
 
     @property
@@ -83,9 +88,8 @@ class Estimate:
         """The estimate of ``function(self, *others)``, applied to values and to replicates alike."""
         value = function(self.value, *(o.value for o in others))
         replicates = function(self.replicates, *(o.replicates for o in others))
-        launches = min(e.launches for e in (self, *others))
         low, high = percentile_interval(replicates)
-        return Estimate(value, min(low, value), max(high, value), replicates, launches)
+        return Estimate(value, min(low, value), max(high, value), replicates)
 
 
 def relative_halfwidth(value: float, low: float, high: float) -> float:
@@ -124,11 +128,6 @@ def within_launch(values: Sequence[float], statistic: str, gen: torch.Generator,
     units = blocks(data, statistic)
     drawn = units[torch.randint(units.numel(), (resamples, units.numel()), generator=gen)]
     return point, drawn.quantile(0.5, dim=1) if statistic == "median" else drawn.mean(dim=1)
-
-
-def constant(value: float, resamples: int = RESAMPLES):
-    """(point, replicates) for a launch that gives one number (no steps to resample)."""
-    return float(value), torch.full((resamples,), float(value), dtype=torch.float64)
 
 
 #: Draws of the t distribution per estimate across launches (its derived figures' intervals are
@@ -178,10 +177,10 @@ def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate
         ends = torch.tensor([center - half, center + half])
         low, high = (ends.exp() if log else ends).tolist()
         replicates, log_t = (replicates.exp(), (center, spread, count - 1)) if log else (replicates, None)
-        return Estimate(value, min(low, value), max(high, value), replicates, count, log_t)
+        return Estimate(value, min(low, value), max(high, value), replicates, log_t)
     replicates = launches[0][1].repeat(T_DRAWS // launches[0][1].numel() + 1)[:T_DRAWS]
     low, high = percentile_interval(replicates)
-    return Estimate(value, min(low, value), max(high, value), replicates, count)
+    return Estimate(value, min(low, value), max(high, value), replicates)
 
 
 def estimate(per_launch: Sequence[Sequence[float]], statistic: str, *key) -> Estimate:
@@ -206,8 +205,7 @@ def ratio(a: Estimate, b: Estimate, scale: float = 1.0) -> Estimate:
         low, high = math.exp(centre - half), math.exp(centre + half)
         draws = student_t(max(1, int(df)), T_DRAWS, generator("ratio", a.log_t, b.log_t, scale))
         replicates = (centre + se * draws).exp()
-    launches = min(a.launches, b.launches)
-    return Estimate(value, min(low, value), max(high, value), replicates, launches, (centre, se, df))
+    return Estimate(value, min(low, value), max(high, value), replicates, (centre, se, df))
 
 
 def median(values) -> float:
@@ -260,3 +258,35 @@ def block_medians(values: Sequence[float], blocks: int) -> list[float]:
     blocks = max(1, min(blocks, n))
     edges = [round(i * n / blocks) for i in range(blocks + 1)]
     return [_median(torch.tensor(values[a:b], dtype=torch.float64)) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+def two_sided_p(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with `df` degrees of freedom (inf: the normal)."""
+    return float(2.0 * stats.t.sf(abs(t), df))
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(df: float, confidence: float = 0.95) -> float:
+    """The t with P(|T| >= t) = 1 - `confidence` for Student's t with `df` (any positive real)
+    degrees of freedom: the half-width of a `confidence` interval in standard errors."""
+    return float(stats.t.ppf(1.0 - (1.0 - confidence) / 2.0, df))
+
+
+def welch(a: tuple, b: tuple) -> tuple:
+    """(difference, its standard error, Welch-Satterthwaite degrees of freedom) of two
+    (centre, standard error, degrees of freedom) estimates; inf degrees of freedom when both
+    standard errors are zero."""
+    (ca, sa, da), (cb, sb, db) = a, b
+    se2 = sa * sa + sb * sb
+    df = se2 * se2 / ((sa**4) / da + (sb**4) / db) if se2 > 0 else math.inf
+    return ca - cb, math.sqrt(se2), df
+
+
+def holm(p_values: list) -> list:
+    """Holm's step-down adjusted p-values (family-wise error control, any dependence)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [1.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 __all__ = [
+    "TASK_PREFIX",
     "AA_TAG",
     "TRACE_TAG",
     "groups",
@@ -15,6 +16,10 @@ __all__ = [
     "rounded",
     "device_name",
 ]
+
+
+#: Task name prefix per scaling mode in a rank's JSON: train/<model>, train-strong/<model>.
+TASK_PREFIX = {"weak": "train", "strong": "train-strong"}
 
 
 def rounded(value: Optional[float], digits: int) -> Optional[float]:

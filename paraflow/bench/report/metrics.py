@@ -7,24 +7,17 @@ GB = 1e9 bytes throughout).
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from typing import Optional
 
 __all__ = [
     "percentile",
-    "step_summary",
     "slowest_rank_per_step",
     "throughput",
-    "weak_scaling_efficiency",
-    "strong_scaling",
     "communication_overhead",
     "abstraction_overhead",
-    "algbw",
-    "busbw",
     "bus_factor",
     "mean",
-    "median_confidence_interval",
 ]
 
 
@@ -39,15 +32,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def step_summary(step_times: Sequence[float]) -> dict:
-    """Median, p10 and p90 of step times (seconds)."""
-    return {
-        "median": statistics.median(step_times),
-        "p10": percentile(step_times, 10),
-        "p90": percentile(step_times, 90),
-    }
 
 
 def slowest_rank_per_step(per_rank: Sequence[Sequence[float]]) -> list[float]:
@@ -67,17 +51,6 @@ def throughput(samples: int, window_s: float) -> float:
     return samples / window_s
 
 
-def weak_scaling_efficiency(x_n: float, n: int, x_1: float) -> float:
-    """Fixed per-rank batch: E = X_n / (n * X_1), X_1 being the one-process no-wrapper baseline."""
-    return x_n / (n * x_1)
-
-
-def strong_scaling(t_1: float, t_n: float, n: int) -> tuple[float, float]:
-    """Fixed global batch: (speedup t_1 / t_n, efficiency speedup / n)."""
-    speedup = t_1 / t_n
-    return speedup, speedup / n
-
-
 def communication_overhead(t_no_sync: float, t_sync: float) -> float:
     """1 - t_step(no gradient sync) / t_step(with it): the share of a step spent on gradient sync."""
     return 1.0 - t_no_sync / t_sync
@@ -86,11 +59,6 @@ def communication_overhead(t_no_sync: float, t_sync: float) -> float:
 def abstraction_overhead(t_paraflow: float, t_raw: float) -> float:
     """t_step(through paraflow) / t_step(same loop by hand on the raw library) - 1."""
     return t_paraflow / t_raw - 1.0
-
-
-def algbw(size_bytes: int, time_s: float) -> float:
-    """Algorithm bandwidth in bytes/s: S / t."""
-    return size_bytes / time_s
 
 
 def bus_factor(n: int, collective: str = "allreduce") -> float:
@@ -108,22 +76,6 @@ def bus_factor(n: int, collective: str = "allreduce") -> float:
     if collective not in factors:
         raise ValueError(f"no bus factor for {collective!r}")
     return factors[collective]
-
-
-def busbw(size_bytes: int, time_s: float, n: int, collective: str = "allreduce") -> float:
-    """Bus bandwidth in bytes/s: algbw * the collective's bus factor, comparable across process counts."""
-    return algbw(size_bytes, time_s) * bus_factor(n, collective)
-
-
-def median_confidence_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
-    """Distribution-free ~95% confidence interval for the median: the order statistics k and
-    n-1-k with k = floor((n - z*sqrt(n)) / 2) (normal approximation of the binomial); (min, max)
-    when there are too few values."""
-    if not values:
-        raise ValueError("confidence interval of no values")
-    ordered = sorted(values)
-    k = max(0, math.floor((len(ordered) - z * math.sqrt(len(ordered))) / 2))
-    return ordered[k], ordered[len(ordered) - 1 - k]
 
 
 def mean(values: Sequence[float]) -> Optional[float]:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ...errors import MissingDependencyError
+from .costmodel import FIT_COLUMNS, PROJECTION_COLUMNS, PUBLISHED_COLUMNS, model_sections
 from .header import header_lines
 from .tables import (
     MEMCPY_COLUMNS,
@@ -14,17 +15,16 @@ from .tables import (
     OVERHEAD_TARGET,
     SWEEP_FOOTER_COLUMNS,
     TRAINING_COLUMNS,
+    TUNING_COLUMNS,
     csv_columns,
     render,
     sweep_columns,
 )
-from .tables_model import FIT_COLUMNS, PROJECTION_COLUMNS, PUBLISHED_COLUMNS, model_sections
-from .tables_tuning import TUNING_COLUMNS
 
 __all__ = [
     "require_tabulate",
-    "terminal_report",
     "markdown_report",
+    "write_csv",
     "write_csvs",
     "write_json",
     "CSV_TABLES",
@@ -101,12 +101,9 @@ DEFINITIONS = [
     "abstraction overhead: one step through paraflow, one on the same loop set up by hand on the raw library and "
     "one on a second hand-written copy (the A/A control), each side with 3 models built and stepped in shuffled "
     "order; paired = median over pairs (model j of each side in one round) of paraflow / raw - 1, control = "
-    "control / raw - 1, 95% intervals from order statistics over 20 blocks of pairs; direct = paraflow's own "
-    "Python per step (profiled) and, above it, plus the bound on late "
-    "waiting in its polling waits, over the raw step; A/A floor = the control interval's end farthest from 0; "
-    f"within {OVERHEAD_TARGET:.0%}: yes when the paired interval widened by the A/A floor on both sides lies at "
-    "or below the target (or straddles it and the direct upper bound is below), no when it lies above (or the "
-    "direct lower bound does), unresolved otherwise.",
+    "control / raw - 1, 95% intervals from order statistics over 20 blocks of pairs; A/A floor = the control "
+    f"interval's end farthest from 0; within {OVERHEAD_TARGET:.0%}: yes when the paired interval widened by the "
+    "A/A floor on both sides lies at or below the target, no when it lies above, unresolved otherwise.",
     "cost model: per backend, launcher and process count, allreduce time T = a(n)·α + b(n)·S/B fitted to the "
     "raw library's sweep times (weighted least squares on relative error; ring for gloo, Open MPI's "
     "Rabenseifner for horovod under mpirun); predicted step = compute (compute_ms, else the median no-sync "
@@ -218,13 +215,6 @@ def _skipped(results: dict) -> list:
     return [f"{name}: {why}" for name, why in results.get("skipped", {}).items()]
 
 
-def terminal_report(results: dict) -> str:
-    """What the command prints at the end: the answer on one screen (screen.py); every table is in results.md."""
-    from .screen import screen_report
-
-    return screen_report(results)
-
-
 def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -263,21 +253,24 @@ def markdown_report(results: dict, plots: list) -> str:
     return "\n".join(lines)
 
 
+def write_csv(path: Path, rows: list, columns: dict, header: dict) -> None:
+    """One table as CSV, every column with its interval ends; `#` lines on top carry the header
+    (pandas: read_csv(..., comment="#"))."""
+    keys = csv_columns(columns, rows)
+    with open(path, "w", newline="") as f:
+        f.write("".join(f"# {line}\n" for line in header_lines(header)))
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in keys})
+
+
 def write_csvs(results: dict, out: Path) -> list:
-    """One CSV per table; `#` lines on top carry the header (pandas: read_csv(..., comment="#"))."""
-    written = []
-    comment = [f"# {line}" for line in header_lines(results["header"])]
-    for name, (key, columns) in csv_tables(results.get("config", {}).get("units", "GB/s")).items():
-        rows = results["tables"].get(key, [])
-        keys = csv_columns(columns, rows)
-        with open(out / name, "w", newline="") as f:
-            f.write("\n".join(comment) + "\n")
-            writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in keys})
-        written.append(name)
-    return written
+    """One CSV per table (write_csv)."""
+    tables = csv_tables(results.get("config", {}).get("units", "GB/s"))
+    for name, (key, columns) in tables.items():
+        write_csv(out / name, results["tables"].get(key, []), columns, results["header"])
+    return list(tables)
 
 
 def write_json(results: dict, out: Path) -> str:

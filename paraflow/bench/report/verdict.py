@@ -16,12 +16,34 @@ from __future__ import annotations
 from typing import Optional
 
 from . import intervals
-from .tables_overhead import OVERHEAD_TARGET
 
-__all__ = ["training_verdict", "overhead_lines", "sweep_lines", "compare_pair", "RAW_TARGET_LARGE", "RAW_TARGET_SMALL"]
+__all__ = ["training_verdict", "overhead_lines", "sweep_lines", "compare_pair", "overhead_verdict", "aa_floor"]
+__all__ += ["OVERHEAD_TARGET", "RAW_TARGET_LARGE", "RAW_TARGET_SMALL"]
 
+#: Abstraction overhead paraflow aims to stay within (reported, never asserted).
+OVERHEAD_TARGET = 0.01
 RAW_TARGET_LARGE = 1.10  # paraflow's collectives vs the raw library's, from 1 MB up
 RAW_TARGET_SMALL = 1.50  # at the smallest size
+
+
+def aa_floor(control: tuple) -> float:
+    """The control's (value, low, high) interval end farthest from zero: what the method reports
+    between identical loops, in either direction."""
+    return max(abs(control[1]), abs(control[2]))
+
+
+def overhead_verdict(paired: tuple, control: tuple, target: float = OVERHEAD_TARGET) -> str:
+    """The within-target verdict from (value, low, high) of the paired and control overheads (see
+    the module's docstring)."""
+    (_, low, high), floor = paired, aa_floor(control)
+    if high + floor <= target:
+        return "yes"
+    if low - floor > target:
+        return "no"
+    return (
+        f"unresolved: the paired interval {low:+.1%}..{high:+.1%} widened by the A/A floor "
+        f"{floor:.1%} straddles {target:.0%}"
+    )
 
 
 def _name(row: dict) -> str:
@@ -140,8 +162,6 @@ def overhead_lines(rows: list) -> list:
             f"A/A control {row['control_overhead']:+.2%} [{row['control_overhead_low']:+.2%}, "
             f"{row['control_overhead_high']:+.2%}], A/A floor {row['aa_floor']:.2%}"
         )
-        if row.get("direct_overhead_high") is not None:
-            detail += f", direct {row['direct_overhead_low']:.2%}..{row['direct_overhead_high']:.2%}"
         out.append({"claim": claim, "text": f"{where}: within {OVERHEAD_TARGET:.0%}: {verdict} ({detail})."})
     return out
 

@@ -60,7 +60,7 @@ def test_training_table_shows_model_state_next_to_peak_memory():
             "step_s": [0.01, 0.01],
             "window_s": 0.02,
             "losses": [2.0, 1.0],
-            "peak_memory_bytes": 300e6,
+            "peak_rss_bytes": 300e6,
             **({"model_state_bytes": held} if held else {}),
         }
 

@@ -286,17 +286,36 @@ def test_real_ranks(tmp_path, launcher, controller, options, gradient):
         (["a", "a", "b"], 1, 1, (1, 2, 0, 1)),  # uneven: only host a has a local rank 1
     ],
 )
-def test_rendezvous_gives_horovods_local_and_cross_ranks(hosts, rank, local_rank, expected):
-    from paraflow.backends.horovod.rendezvous import GlooRendezvous
+@requires_horovod
+def test_rendezvous_gives_horovods_local_and_cross_ranks(monkeypatch, hosts, rank, local_rank, expected):
+    from paraflow.backends.horovod import start
+
+    class Store(dict):
+        def set(self, key, value):
+            self[key] = str(value).encode()
+
+        def wait(self, keys, timeout=None):
+            pass
+
+        def get(self, key):
+            return self[key]
 
     local_size = hosts.count(hosts[rank])
     env = ProcessEnvironment("torchrun", rank, len(hosts), local_rank, local_size, "a", 1)
-    rendezvous = GlooRendezvous(env, "a", 1, serve_store=False, timeout=5)
-    assert rendezvous._slot(hosts, hosts[rank]) == expected
+    rendezvous = start.GlooRendezvous(env, "a", 1, serve_store=False, timeout=5)
+    monkeypatch.setattr(start, "store_for_this_attempt", lambda *args, **kwargs: Store(server=b"127.0.0.1:1"))
+    monkeypatch.setattr(rendezvous, "_gather_hosts", lambda store: hosts)
+    monkeypatch.setattr(start.socket, "gethostname", lambda: hosts[rank])
+    try:
+        variables = rendezvous.start()
+    finally:
+        rendezvous.close()
+    names = ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+    assert tuple(int(variables[name]) for name in names) == expected
 
 
 def test_gloo_interface_towards_this_host_is_loopback():
-    from paraflow.backends.horovod.rendezvous import gloo_interface
+    from paraflow.backends.horovod.start import gloo_interface
 
     assert gloo_interface("127.0.0.1") == "lo"
 

@@ -10,8 +10,7 @@ import pytest
 from clusterkit import CLUSTER_WORKERS, build, cluster_fixture, on_host, skip_without_namespaces  # noqa: F401
 from conftest import ROOT
 
-from paraflow.tools.cluster import SUBNET, Cluster, owned_name, remove_stale
-from paraflow.tools.cluster.netns import namespaces, parse_rate
+from paraflow.tools.cluster import SUBNET, Cluster, namespaces, owned_name, parse_rate, remove_stale
 
 pytestmark = pytest.mark.cluster
 TCP = str(CLUSTER_WORKERS / "tcp.py")

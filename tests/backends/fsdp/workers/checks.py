@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import paraflow
-from paraflow.bench.rank.model_state import model_state_bytes
+from paraflow.bench.rank.train_loop import model_state_bytes
 from paraflow.examples.models import build_model
 
 
