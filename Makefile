@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.paraflow-installed
 
-.PHONY: install lint test test-cluster soak bench docs clean
+.PHONY: install lint test test-long test-cluster soak bench docs clean
 
 install: $(STAMP)
 
@@ -19,6 +19,9 @@ lint: install
 
 test: lint
 	$(PY) -m pytest
+
+test-long: install
+	$(PY) -m pytest -m long
 
 test-cluster: install
 	$(PY) -m pytest -m cluster tests/tools/cluster

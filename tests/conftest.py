@@ -20,6 +20,35 @@ from paraflow.tools.launch import launch_command, run_launch
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 
+#: Test files that start whole jobs end to end, several launches a test (the benchmark's runs, the
+#: fault and restart matrices, cross-backend resumes): marked `long`, out of `make test`, run by
+#: `make test-long` (and by CI). Each behaviour they check also has a quicker test in `make test`.
+LONG_SETS = {
+    "tests/bench/test_bench_e2e.py",
+    "tests/bench/test_bench_faults.py",
+    "tests/bench/test_bench_scratch.py",
+    "tests/bench/test_bench_screen.py",
+    "tests/bench/test_bench_script.py",
+    "tests/bench/test_bench_trace.py",
+    "tests/backends/fsdp/test_fsdp_checkpoint.py",
+    "tests/backends/fsdp/test_fsdp_train_script.py",
+    "tests/docs/test_porting_guide.py",
+    "tests/environment/test_mpich_launcher.py",
+    "tests/reliability/test_first_failure.py",
+    "tests/reliability/test_rank_failures.py",
+    "tests/reliability/test_restart_and_load.py",
+    "tests/reliability/test_stopped_rank_ends_job.py",
+    "tests/reliability/test_stopped_rank_phases.py",
+    "tests/training/test_resume_world_size.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of LONG_SETS `long`."""
+    for item in items:
+        if Path(item.fspath).resolve().relative_to(ROOT).as_posix() in LONG_SETS:
+            item.add_marker(pytest.mark.long)
+
 # One thread per rank, so ranks on a 2-core machine do not fight for cores.
 RANK_ENV = {
     "OMP_NUM_THREADS": "1",
