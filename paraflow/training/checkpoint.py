@@ -9,9 +9,9 @@ own device.
 
 Models are stored unwrapped (``backend.unwrap(model).state_dict()``), so a checkpoint written
 under one backend loads under any other; fsdp's sharded checkpoint directories load too, read
-whole (:mod:`paraflow.training.checkpoint_sharded`). Each rank's RNG states (torch CPU, CUDA, Python,
-NumPy) are stored too and restored on load. Every byte is covered by a CRC-32 written with the
-file and verified before it is loaded (:mod:`paraflow.training.checksum`).
+whole (:mod:`paraflow.training.checkpoint_sharded`). Each rank's RNG states (torch CPU, CUDA,
+Python, NumPy) are stored too and restored on load. The CRC-32s ``torch.save`` writes into its zip
+archive are checked before the file is loaded (:mod:`paraflow.training.checkpoint_reader`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import glob
 import os
 import random
 import shutil
-import sys
 import tempfile
 from collections.abc import Mapping, MutableMapping
 from typing import IO, Any, Callable, Optional
@@ -33,7 +32,6 @@ from ..errors import CheckpointError, ConfigurationError
 from ..reliability.translation import collective_errors
 from .checkpoint_reader import read_checkpoint
 from .checkpoint_sharded import read_sharded_checkpoint
-from .checksum import write_with_checksum
 from .object_collectives import allgather_objects
 
 __all__ = [
@@ -49,7 +47,7 @@ __all__ = [
     "FORMAT_VERSION",
 ]
 
-#: 2: a CRC-32 of the file in the archive's comment (1: none).
+#: The layout's version, in every checkpoint's header.
 FORMAT_VERSION = 2
 
 
@@ -139,8 +137,33 @@ def _free_space(path: str) -> str:
     return f" ({free / 2**20:.0f} MiB free there)"
 
 
+class _WriteErrors:
+    """Passes writes to `f`, keeping the OSError a write raised: torch reports a failed write as
+    "unexpected pos", hiding the cause (a full disk: ENOSPC)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f, self.error = f, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
 def _serialize(payload: Any, f: IO[bytes]) -> None:
-    write_with_checksum(payload, f)
+    """``torch.save(payload, f)``; a failed write raises its own OSError."""
+    writer = _WriteErrors(f)
+    try:
+        torch.save(payload, writer)
+    except Exception as exc:
+        if writer.error is not None and writer.error is not exc:
+            raise writer.error from exc
+        raise
 
 
 # ------------------------------------------------------------------------- state <-> entries
@@ -271,9 +294,9 @@ def _load(backend: Any, path: str, state: Optional[MutableMapping[str, Any]], re
     error: Optional[BaseException] = None
     try:
         if os.path.isdir(path):  # fsdp's sharded checkpoint, read whole
-            checkpoint, verified = read_sharded_checkpoint(path, backend.device, backend.rank, restore_rng), True
+            checkpoint = read_sharded_checkpoint(path, backend.device, backend.rank, restore_rng)
         else:
-            checkpoint, verified = read_checkpoint(path, backend.device, backend.rank, restore_rng)
+            checkpoint = read_checkpoint(path, backend.device, backend.rank, restore_rng)
     except Exception as exc:
         error = exc
     failed = _agree(backend, error is None)
@@ -281,13 +304,6 @@ def _load(backend: Any, path: str, state: Optional[MutableMapping[str, Any]], re
         raise CheckpointError(
             f"could not read checkpoint {path} on rank(s) {failed}{': ' + str(error) if error is not None else ''}"
         ) from error
-    if not verified and backend.is_main:
-        print(
-            f"paraflow: checkpoint {path} has no checksum (written before paraflow stored one); loaded without "
-            "verifying its bytes. The next backend.save writes one.",
-            file=sys.stderr,
-            flush=True,
-        )
     rest = backend._restore_state(state, checkpoint["state"], path)
     if restore_rng:
         rng = checkpoint["rng"]
