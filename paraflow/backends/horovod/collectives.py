@@ -4,7 +4,7 @@ Horovod's own wait (``synchronize``) spins on the handle with no timeout. The pu
 poll their handle the same way on the calling thread and give up after the backend's timeout
 (so the error can be caught); every other horovod wait
 (broadcasts in ``wrap_model`` and ``wrap_optimizer``, the gradient wait in ``step()``, barriers,
-``join``) runs under the watchdog (:mod:`paraflow.reliability.watchdog`), which costs nothing
+``join``) runs under the watchdog (:mod:`paraflow.reliability.deadlines`), which costs nothing
 while it ends in time. Horovod's errors become paraflow's, naming the call and this rank.
 """
 
@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 from ...errors import CollectiveError, ConfigurationError
-from ...reliability.deadlines import DeadlineExceeded, spin_until
+from ...reliability.deadlines import DeadlineExceeded, spin_until, watchdog
 from ...reliability.stall import stall_facts
 from ...reliability.translation import translate_collective_error
-from ...reliability.watchdog import watchdog
 
 __all__ = ["HorovodCollectives"]
 
