@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import random
 import shutil
 import tempfile
 from collections.abc import Mapping, MutableMapping
@@ -30,7 +29,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigurationError
 from ..reliability.translation import collective_errors
-from .checkpoint_reader import read_checkpoint
+from .checkpoint_reader import capture_rng_state, read_checkpoint, restore_rng_state
 from .checkpoint_sharded import read_sharded_checkpoint
 from .object_collectives import allgather_objects
 
@@ -49,40 +48,6 @@ __all__ = [
 
 #: The layout's version, in every checkpoint's header.
 FORMAT_VERSION = 2
-
-
-# ------------------------------------------------------------------------- RNG states
-def _numpy():
-    try:
-        import numpy
-    except ImportError:
-        return None
-    return numpy
-
-
-def capture_rng_state(device: torch.device) -> dict:
-    """This process's RNG states: torch CPU, the CUDA device's (if `device` is one), Python, NumPy."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    np = _numpy()
-    if np is not None:
-        name, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
-    """Restore what `capture_rng_state` returned; CUDA state only onto a CUDA device."""
-    torch.set_rng_state(state["torch"].cpu())
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    if "cuda" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
-    np = _numpy()
-    if "numpy" in state and np is not None:
-        name, keys, pos, has_gauss, gauss = state["numpy"]
-        np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))
 
 
 # ------------------------------------------------------------------------- atomic file write
