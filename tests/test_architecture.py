@@ -48,7 +48,7 @@ def test_the_contracts_hold():
         ),
         # under TYPE_CHECKING, reliability importing core: reliability is below core
         (
-            "reliability/debug.py",
+            "reliability/collective_check.py",
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..core.backend import Backend\n",
             "Each layer imports only the layers below it",
         ),

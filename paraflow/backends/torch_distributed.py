@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import functools
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -18,8 +18,8 @@ import torch.distributed as dist
 from ..core.backend import Backend
 from ..environment.rendezvous import resolve_master
 from ..errors import ConfigurationError, LauncherError
+from ..reliability.collective_check import debug_enabled, enable_torch_debug
 from ..reliability.deadlines import call_with_deadline
-from ..reliability.debug import debug_enabled, enable_torch_debug
 from ..reliability.translation import collective_errors, startup_errors
 
 __all__ = ["TorchDistributedBackend", "check_master", "store_for_this_attempt", "process_group_transport"]
@@ -123,12 +123,6 @@ class TorchDistributedBackend(Backend):
             # A client whose rendezvous port is held by another program waits forever otherwise.
             call_with_deadline(start, self.timeout + 10, "joining the process group")
         self._owns_group = True
-
-    def _stall_store(self) -> Optional[Callable[[], Any]]:
-        """The process group's own rendezvous store (no collective needed to find it)."""
-        from ..reliability.stall_store import process_group_store
-
-        return process_group_store() or super()._stall_store()
 
     def _before_destroy(self) -> None:
         """What a subclass must release while the process group still exists (default: nothing)."""

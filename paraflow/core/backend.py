@@ -5,8 +5,9 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
+import sys
 import weakref
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, ContextManager, Optional
 
 import torch
 from torch import nn
@@ -15,18 +16,24 @@ from ..environment.launchers import ProcessEnvironment, detect_environment
 from ..environment.mpi_library import apply_mpi_yield
 from ..errors import BackendUnavailableError, NotInitializedError
 from ..reliability.activity import attach_markers, attach_step_marker
-from ..reliability.debug import debug_enabled
+from ..reliability.collective_check import debug_enabled
 from ..reliability.mpi_abort import abort_mpi_job_on_uncaught_error, leave_job_on_exit
-from ..reliability.stall import StallWatch, stall_threshold_seconds, start_stall_watch
+from ..reliability.stall import DEFAULT_STALL_S, STALL_ENV, StallWatch, start_stall_watch
 from ..reliability.translation import translate_escaped_error
 from ..training.precision import check_precision, check_precision_on
-from .banner import banner_enabled, print_banner
+from .banner import banner_enabled, banner_line
 from .collectives import Collectives
 from .current import clear_current, set_current
 from .features import TrainingFeatures
-from .options import check_accumulation_steps, check_compression, timeout_seconds
+from .options import (
+    DEFAULT_TIMEOUT_S,
+    announce_ignored,
+    check_accumulation_steps,
+    check_compression,
+    seconds_option,
+    split_foreign_options,
+)
 from .placement import check_launch, cores, select_device, threads_per_process
-from .portable_options import announce_ignored, split_foreign_options
 
 __all__ = ["Backend"]
 
@@ -108,14 +115,14 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self.name = name
         self.options = options
         self.num_threads = num_threads
-        self.timeout = timeout_seconds(timeout)
+        self.timeout = seconds_option("timeout", timeout, "PARAFLOW_TIMEOUT", DEFAULT_TIMEOUT_S)
         self.expected_world_size = world_size
         self.requested_device = device
         self.precision = check_precision(precision)
         self.compression = check_compression(name, compression, self.COMPRESSIONS, self.COMPRESSION_LIMIT)
         self.accumulation_steps = check_accumulation_steps(accumulation_steps)
         self.banner = banner_enabled(banner)
-        self.stall_threshold = stall_threshold_seconds(stall_threshold)
+        self.stall_threshold = seconds_option("stall_threshold", stall_threshold, STALL_ENV, DEFAULT_STALL_S, True)
         self.check_collectives = debug_enabled() if check_collectives is None else bool(check_collectives)
         self._stall: Optional[StallWatch] = None
         self._micro_batches = 0
@@ -167,8 +174,8 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
             abort_mpi_job_on_uncaught_error(mpi_launcher=self.env.is_mpi)
         self._initialized = True
         set_current(self)
-        if self.banner:
-            print_banner(self)
+        if self.banner and self.rank == 0:
+            print(banner_line(self), file=sys.stderr, flush=True)
         announce_ignored(self.name, self.ignored_options, self.rank == 0)
         return self
 
@@ -266,12 +273,6 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
 
     def _presets(self) -> dict:
         return {}
-
-    def _stall_store(self) -> Optional[Callable[[], Any]]:
-        """An opener of the store the stall reports meet in (default: rank 0 serves one; a collective call)."""
-        from ..reliability.stall_store import hosted_store
-
-        return hosted_store(self)
 
     def _mark_model(self, model: nn.Module) -> nn.Module:
         """Let the stall report and the uneven-shard check see `model`'s forward passes; returns it."""

@@ -10,9 +10,11 @@ import os
 import sys
 from typing import Any, Optional
 
+import torch
+
 from ..environment.launchers import launcher_label
 
-__all__ = ["BANNER_ENV", "banner_enabled", "banner_line", "print_banner"]
+__all__ = ["BANNER_ENV", "banner_enabled", "banner_line"]
 
 BANNER_ENV = "PARAFLOW_BANNER"
 
@@ -28,7 +30,7 @@ def banner_line(backend: Any) -> str:
     """``paraflow: ddp-gloo over gloo, 2 processes, launcher torchrun, cpu, 1 thread each`` and the like."""
     controller = getattr(backend, "controller", None)
     over = f"controller {controller}, transport {backend.transport}" if controller else backend.transport
-    n, threads = backend.world_size, _threads()
+    n, threads = backend.world_size, torch.get_num_threads()
     launcher = launcher_label(backend.launcher)
     where = str(backend.device) if backend.device.type == "cuda" else f"cpu, {threads} thread{'s' * (threads > 1)} each"
     line = (
@@ -41,18 +43,6 @@ def banner_line(backend: Any) -> str:
             f"or `mpirun -np N python {_script()}`"
         )
     return line + f" (silence: {BANNER_ENV}=0)"
-
-
-def print_banner(backend: Any) -> None:
-    """Print the banner on stderr, on rank 0."""
-    if backend.rank == 0:
-        print(banner_line(backend), file=sys.stderr, flush=True)
-
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def _script() -> str:

@@ -17,7 +17,8 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from ..errors import ConfigurationError
-from ..reliability.collective_check import call_site, check_same_call
+from ..reliability.activity import call_site
+from ..reliability.collective_check import check_same_call
 from ..reliability.translation import raise_translated
 from .options import REDUCE_OPS
 

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..training.checkpoint import load_checkpoint, restore_state, save_checkpoint, state_to_save
+from ..training.clipping import check_clip_value, check_norm_type, clip_by_norm_, local_gradient, norm_power, total_norm
 from ..training.precision import GradScaler, autocast, unscale_once
 from ..training.sampler import ShardSampler
 from ..training.shard_check import watch_epoch
@@ -60,8 +62,6 @@ class TrainingFeatures:
         `norm_type`) is the same on every rank and on every backend for the same global batch
         (:mod:`paraflow.training.clipping`).
         """
-        from ..training.clipping import check_clip_value, check_norm_type, clip_by_norm_, local_gradient, total_norm
-
         max_norm = check_clip_value("max_norm", max_norm)
         norm_type = check_norm_type(norm_type)
         with self._marked("clip_grad_norm_"):
@@ -78,8 +78,6 @@ class TrainingFeatures:
         Between ``backward()`` and ``optimizer.step()``, as :meth:`clip_grad_norm_` (horovod
         reduces first, the fp16 scaler unscales first).
         """
-        from ..training.clipping import check_clip_value, local_gradient
-
         clip_value = check_clip_value("clip_value", clip_value)
         with self._marked("clip_grad_value_"):
             for grad in self._synchronised_gradients(model):
@@ -100,8 +98,6 @@ class TrainingFeatures:
 
     def _gradient_norm_power(self, grads: list, norm_type: float) -> torch.Tensor:
         """Σ ‖g‖ᵖ over `grads` (max for inf) in float64, over all ranks' shards where they are sharded."""
-        from ..training.clipping import norm_power
-
         return norm_power(grads, norm_type, grads[0].device if grads else self.device)
 
     def _wrapped_optimizers(self) -> list:
@@ -173,8 +169,6 @@ class TrainingFeatures:
         Modules are saved unwrapped, objects with ``state_dict`` by their state dict, anything
         else as it is; every rank's RNG states are added. See :mod:`paraflow.training.checkpoint`.
         """
-        from ..training.checkpoint import save_checkpoint
-
         with self._marked("save"):
             save_checkpoint(self, path, state)
 
@@ -184,8 +178,6 @@ class TrainingFeatures:
         Returns the saved entries not restored into an object (epoch, step, ...); RNG states are
         restored too. Works across backends. See :mod:`paraflow.training.checkpoint`.
         """
-        from ..training.checkpoint import load_checkpoint
-
         with self._marked("load"):
             return load_checkpoint(self, path, state)
 
@@ -195,8 +187,6 @@ class TrainingFeatures:
         The same file as :meth:`save` on backends that hold whole models; a sharding backend
         gathers its shards into it. A collective call.
         """
-        from ..training.checkpoint import save_checkpoint
-
         with self._marked("export"):
             save_checkpoint(self, path, state)
 
@@ -205,14 +195,10 @@ class TrainingFeatures:
 
         Override where models or optimizers are spread over ranks (gather them here).
         """
-        from ..training.checkpoint import state_to_save
-
         return state_to_save(self, state)
 
     def _restore_state(self, state: Optional[MutableMapping[str, Any]], saved: Mapping[str, Any], path: str) -> dict:
         """Restore `state` in place from a full checkpoint's entries; return those not restored."""
-        from ..training.checkpoint import restore_state
-
         return restore_state(self, state, saved, path)
 
 

@@ -1,10 +1,18 @@
-"""Options every backend takes, checked at construction: timeout, compression, accumulation."""
+"""Options every backend takes, checked at construction: timeout, compression, accumulation.
+
+Options that belong to another registered backend are accepted, ignored and said once: one
+script can then carry every backend's tuning (``reduce_op="adasum"`` for horovod,
+``bucket_cap_mb=50`` for DDP) and run unchanged on any of them. A name that no registered
+backend knows is still a typo, and an error listing what is accepted. The list is built from
+the registry (each class's ``OPTIONS`` and presets), so a backend registered later counts too.
+"""
 
 from __future__ import annotations
 
 import datetime
 import math
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,7 +26,9 @@ __all__ = [
     "check_accumulation_steps",
     "check_compression",
     "check_one_of",
-    "timeout_seconds",
+    "seconds_option",
+    "split_foreign_options",
+    "announce_ignored",
 ]
 
 #: Options every backend accepts besides its own OPTIONS.
@@ -70,27 +80,94 @@ def check_accumulation_steps(value: Any) -> int:
     return value
 
 
-def timeout_seconds(timeout: Any) -> float:
-    """Seconds from `timeout` (number or timedelta), else PARAFLOW_TIMEOUT, else the default.
+def seconds_option(name: str, value: Any, env: str, default: float, zero_turns_off: bool = False) -> float:
+    """Seconds from `value` (a number or timedelta), else the variable `env`, else `default`.
 
-    Anything but a positive, finite number of seconds is a ConfigurationError naming where it
-    came from.
+    Anything but a positive, finite number of seconds (or 0, where `zero_turns_off`) is a
+    ConfigurationError naming where it came from.
     """
-    source = "timeout"
-    if timeout is None:
-        if not os.environ.get("PARAFLOW_TIMEOUT"):
-            return DEFAULT_TIMEOUT_S
-        timeout, source = os.environ["PARAFLOW_TIMEOUT"], "PARAFLOW_TIMEOUT"
-    if isinstance(timeout, datetime.timedelta):
-        value = timeout.total_seconds()
-    else:
-        try:
-            value = float(timeout)
-        except (TypeError, ValueError):
-            value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    source = name
+    if value is None:
+        if not os.environ.get(env):
+            return default
+        value, source = os.environ[env], env
+    try:
+        seconds = value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and (seconds > 0 or (zero_turns_off and seconds == 0))):
+        wanted = "a number of seconds >= 0" if zero_turns_off else "a positive, finite number of seconds"
         raise ConfigurationError(
-            f"{source}={timeout!r} is not a positive, finite number of seconds; "
-            f"set it to e.g. 600 (the default) or 30 for a quick failure."
+            f"{source}={value!r} is not {wanted}; set it to e.g. {default:g} (the default)"
+            f"{', or 0 to turn it off' if zero_turns_off else ''}."
         )
-    return value
+    return seconds
+
+
+# ---------------------------------------------------------------- other backends' options
+_announced: set = set()  # (backend name, option names) already said in this process
+
+
+def _options_by_backend() -> dict[str, frozenset]:
+    """Every registered name -> the option names its class takes (its OPTIONS and presets)."""
+    from .registry import registered_names, spec
+
+    known: dict[str, frozenset] = {}
+    for name in registered_names():
+        s = spec(name)
+        try:
+            cls = s.load()
+        except (ImportError, ConfigurationError):  # a backend that cannot be loaded here takes nothing here
+            continue
+        known[name] = frozenset(getattr(cls, "OPTIONS", ())) | frozenset(s.presets)
+    return known
+
+
+def split_foreign_options(name: str, own: frozenset, options: dict[str, Any]) -> dict[str, list[str]]:
+    """Remove from `options` those another registered backend takes; return them by option name.
+
+    Args:
+        name: the backend being created.
+        own: the option names it takes besides the common ones.
+        options: the keyword options left after its own and the common ones; edited in place.
+
+    Returns:
+        option name -> the registered backends that take it.
+
+    Raises:
+        ConfigurationError: an option no registered backend takes (a typo), listing this
+            backend's options and the other backends' ones.
+    """
+    if not set(options) - own:
+        return {}
+    known = _options_by_backend()
+    owners = {
+        option: sorted(n for n, names in known.items() if option in names and n != name)
+        for option in options
+        if option not in own
+    }
+    typos = sorted(o for o, who in owners.items() if not who)
+    if typos:
+        others = sorted(set().union(*known.values()) - own - COMMON_OPTIONS)
+        raise ConfigurationError(
+            f"backend {name!r} does not take option(s) {', '.join(typos)}, and no registered backend does "
+            f"(a typo?). It accepts: {', '.join(sorted(own | COMMON_OPTIONS))}; other backends' options, "
+            f"accepted and ignored here: {', '.join(others) or 'none'}."
+        )
+    for option in owners:
+        del options[option]
+    return owners
+
+
+def announce_ignored(name: str, ignored: dict[str, list[str]], is_main: bool) -> None:
+    """Say on stderr which options `name` ignores and whose they are, on rank 0 only, once per process."""
+    key = (name, tuple(sorted(ignored)))
+    if not ignored or not is_main or key in _announced:
+        return
+    _announced.add(key)
+    parts = [f"{option} ({' / '.join(owners)})" for option, owners in sorted(ignored.items())]
+    print(
+        f"paraflow: backend {name!r} ignores option(s) of other backends: {', '.join(parts)}",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -16,55 +16,75 @@ has lasted too long. Phases:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, NamedTuple, Optional
 
 import torch
 
 from ..errors import ConfigurationError
-from .collective_check import call_site, is_library
 
-__all__ = ["Activity", "State", "attach_markers", "attach_step_marker", "site_text"]
-
-# Frames from _forward_site up to the script's line: _ForwardMarker.__call__, then torch's module
-# call (Module._wrapped_call_impl, _call_impl and, with hooks, its inner function). Learned from
-# the first forward by a walk, since torch versions differ; a depth that stops fitting is learned again.
-_hook_depth: Optional[int] = None
+__all__ = ["Activity", "State", "attach_markers", "attach_step_marker", "call_site", "site_of"]
 
 
-def _forward_site() -> Any:
-    """(file, line) of the script's line that called the model: at the depth learned once, no walk."""
-    global _hook_depth
-    if _hook_depth is not None:
-        try:
-            below = sys._getframe(_hook_depth - 1)  # torch's module call, when the depth still fits
-        except ValueError:  # a shallower stack than the one it was learned on
-            below = None
-        frame = below.f_back if below is not None else None
-        if frame is not None and is_library(below) and not is_library(frame):
-            return frame.f_code.co_filename, frame.f_lineno
-    frame, depth = sys._getframe(1), 1
-    while frame is not None and is_library(frame):
-        frame, depth = frame.f_back, depth + 1
+# Frames of these packages are not the user's call site: paraflow itself, the libraries that call
+# back into it (torch's module call running a forward hook, horovod's optimizer step), contextlib.
+LIBRARIES = frozenset({"paraflow", "torch", "horovod", "contextlib"})
+#: paraflow's own programs that call its public API as a script does (the benchmark's ranks): their
+#: lines are call sites, and the walk stops there as it does in a user's script.
+USER_PROGRAMS = ("paraflow.bench.",)
+
+
+_LIBRARY_CODE: dict = {}  # code object -> is it library code (a module's code keeps its module)
+_SITES: dict = {}  # (code object, bytecode offset) -> "file:line"
+_CACHE_LIMIT = 4096  # entries per cache; cleared when full (code made on the fly, in a notebook)
+
+
+def is_library(frame) -> bool:
+    """True for a frame of paraflow (but its USER_PROGRAMS), torch, horovod or contextlib: not
+    the user's call site."""
+    code = frame.f_code
+    known = _LIBRARY_CODE.get(code)
+    if known is None:
+        if len(_LIBRARY_CODE) >= _CACHE_LIMIT:
+            _LIBRARY_CODE.clear()
+        name = frame.f_globals.get("__name__", "")
+        known = _LIBRARY_CODE[code] = name.partition(".")[0] in LIBRARIES and not name.startswith(USER_PROGRAMS)
+    return known
+
+
+def call_site() -> str:
+    """file:line of the script's line that led here: the first caller outside paraflow, torch and
+    horovod (every collective asks, so the library test is remembered per code object and the
+    site per code object and instruction)."""
+    return site_of(sys._getframe(2))
+
+
+def site_of(frame) -> str:
+    """file:line of `frame`, or of its first caller outside paraflow, torch and horovod."""
+    known = _LIBRARY_CODE.get  # the cached answer inline; is_library only for code not seen yet
+    while frame is not None and ((library := known(frame.f_code)) or (library is None and is_library(frame))):
+        frame = frame.f_back
     if frame is None:
-        return call_site()
-    _hook_depth = depth
-    return frame.f_code.co_filename, frame.f_lineno
-
-
-def site_text(site: Any) -> str:
-    """``file.py:line`` from a site recorded as text or as (path, line)."""
-    return site if isinstance(site, str) else f"{os.path.basename(site[0])}:{site[1]}"
+        return "?"
+    where = (frame.f_code, frame.f_lasti)
+    site = _SITES.get(where)
+    if site is None:
+        if len(_SITES) >= _CACHE_LIMIT:
+            _SITES.clear()
+        site = _SITES[where] = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return site
 
 
 class State(NamedTuple):
     """One snapshot: the phase, where the script entered it, the step, since when, and whether it waits."""
 
     call: str
-    site: Any  # "file.py:line", or (path, line) from a forward hook, formatted by site_text when read
+    site: str  # "file.py:line"
     step: int
     since: float  # time.monotonic()
     waits: bool
@@ -89,10 +109,14 @@ class Activity:
         self.uneven: dict = {}
         self.joins = 0
 
-    def call(self, name: str, site: Optional[str] = None) -> _Call:
-        """Context around one paraflow call made at `site` (found here if None); calls made inside
-        it (save's allgathers) keep the outer name."""
-        return _Call(self, name, site)
+    @contextlib.contextmanager
+    def call(self, name: str) -> Iterator[None]:
+        """Context around one paraflow call; calls made inside it (save's allgathers) keep the outer name."""
+        self.enter(name)
+        try:
+            yield
+        finally:
+            self.leave(name)
 
     def enter(self, name: str, site: Optional[str] = None, call_args: Any = None) -> None:
         """A paraflow call made at `site` (found here if None) begins: what :meth:`call` does on entry.
@@ -107,7 +131,7 @@ class Activity:
         if self._depth == 0:
             self.state = _state(("idle", self.state.site, self.step, time.monotonic(), False, name, None))
 
-    def forward_started(self, training: bool, site: Any) -> None:
+    def forward_started(self, training: bool, site: str) -> None:
         """A forward pass of the wrapped model begins at `site`; with gradients, it starts a new step."""
         if self._depth:
             return
@@ -195,21 +219,6 @@ class _ForwardMarker(_Marker):
         if self.start:
             if training and activity.uneven and not activity.joins:
                 raise ConfigurationError(next(iter(activity.uneven.values())))
-            activity.forward_started(training, _forward_site())
+            activity.forward_started(training, site_of(sys._getframe(1)))
         else:
             activity.forward_done(training)
-
-
-class _Call:
-    """What :meth:`Activity.call` returns: :meth:`Activity.enter` and :meth:`Activity.leave` around a block."""
-
-    __slots__ = ("activity", "name", "site")
-
-    def __init__(self, activity: Activity, name: str, site: Optional[str]) -> None:
-        self.activity, self.name, self.site = activity, name, site
-
-    def __enter__(self) -> None:
-        self.activity.enter(self.name, self.site)
-
-    def __exit__(self, *_: Any) -> None:
-        self.activity.leave(self.name)

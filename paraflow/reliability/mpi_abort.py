@@ -70,13 +70,6 @@ def lost_a_peer(exc: Optional[BaseException]) -> bool:
     return lost
 
 
-def _wait_for_the_launcher(grace: float) -> None:
-    """Give the launcher time to see the rank that failed first (it ends this process meanwhile)."""
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
 def abort_mpi_job_on_uncaught_error(mpi_launcher: bool = True, grace: float = PEER_LOST_GRACE_S) -> None:
     """Make an uncaught exception end this rank's part in the job the way described above.
 
@@ -96,7 +89,7 @@ def abort_mpi_job_on_uncaught_error(mpi_launcher: bool = True, grace: float = PE
         sys.stdout.flush()
         sys.stderr.flush()
         if lost_a_peer(value):
-            _wait_for_the_launcher(grace)
+            time.sleep(grace)  # the launcher sees the rank that failed first, and ends this one meanwhile
         previous(kind, value, traceback)
         sys.stdout.flush()
         sys.stderr.flush()

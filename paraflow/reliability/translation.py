@@ -120,7 +120,8 @@ def translate_escaped_error(backend: Any, exc: BaseException) -> Optional[Collec
     """The paraflow error for torch's own communication failure leaving ``with paraflow.init()``, or None.
 
     DDP reduces gradients inside ``loss.backward()``, where paraflow has no hook: a lost or silent
-    rank surfaces there as gloo's or NCCL's RuntimeError, naming neither rank nor call.
+    rank surfaces there as gloo's or NCCL's RuntimeError, naming neither rank nor call. A timeout
+    carries the last stall report.
     """
     if not isinstance(exc, RuntimeError) or isinstance(exc, ParaflowError) or not _LIBRARY.search(str(exc)):
         return None
@@ -138,29 +139,24 @@ def translate_escaped_error(backend: Any, exc: BaseException) -> Optional[Collec
         world_size=backend.world_size,
         backend=backend.name,
         timeout=backend.timeout,
+        facts=stall_facts(backend),
     )
 
 
-class collective_errors:  # noqa: N801 - used like the function it is: ``with collective_errors(...)``
+@contextlib.contextmanager
+def collective_errors(backend: Any, collective: str) -> Iterator[None]:
     """Context around one collective: communication failures leave it as paraflow errors.
 
     A failure a backend already translated for one of its own steps is translated again under
     the name of the collective the user called. (The public collectives, the hot path, do the
     same inline with :func:`raise_translated`.)
     """
-
-    __slots__ = ("backend", "collective", "start")
-
-    def __init__(self, backend: Any, collective: str) -> None:
-        self.backend, self.collective = backend, collective
-
-    def __enter__(self) -> None:
-        self.start = time.monotonic()
-
-    def __exit__(self, kind: Any, exc: Any, traceback: Any) -> bool:
-        if isinstance(exc, RuntimeError):
-            raise_translated(self.backend, self.collective, exc, self.start)
-        return False
+    started = time.monotonic()
+    try:
+        yield
+    except RuntimeError as exc:
+        raise_translated(backend, collective, exc, started)
+        raise
 
 
 def raise_translated(backend: Any, collective: str, exc: RuntimeError, started: float) -> None:

@@ -9,9 +9,9 @@ own device.
 
 Models are stored unwrapped (``backend.unwrap(model).state_dict()``), so a checkpoint written
 under one backend loads under any other; fsdp's sharded checkpoint directories load too, read
-whole (:mod:`paraflow.training.checkpoint_sharded`). Each rank's RNG states (torch CPU, CUDA, Python,
-NumPy) are stored too and restored on load. Every byte is covered by a CRC-32 written with the
-file and verified before it is loaded (:mod:`paraflow.training.checksum`).
+whole (:mod:`paraflow.training.checkpoint_sharded`). Each rank's RNG states (torch CPU, CUDA,
+Python, NumPy) are stored too and restored on load. The CRC-32s ``torch.save`` writes into its zip
+archive are checked before the file is loaded (:mod:`paraflow.training.checkpoint_reader`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import random
 import shutil
-import sys
 import tempfile
 from collections.abc import Mapping, MutableMapping
 from typing import IO, Any, Callable, Optional
@@ -31,9 +29,8 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigurationError
 from ..reliability.translation import collective_errors
-from .checkpoint_reader import read_checkpoint
+from .checkpoint_reader import capture_rng_state, read_checkpoint, restore_rng_state
 from .checkpoint_sharded import read_sharded_checkpoint
-from .checksum import write_with_checksum
 from .object_collectives import allgather_objects
 
 __all__ = [
@@ -49,42 +46,8 @@ __all__ = [
     "FORMAT_VERSION",
 ]
 
-#: 2: a CRC-32 of the file in the archive's comment (1: none).
+#: The layout's version, in every checkpoint's header.
 FORMAT_VERSION = 2
-
-
-# ------------------------------------------------------------------------- RNG states
-def _numpy():
-    try:
-        import numpy
-    except ImportError:
-        return None
-    return numpy
-
-
-def capture_rng_state(device: torch.device) -> dict:
-    """This process's RNG states: torch CPU, the CUDA device's (if `device` is one), Python, NumPy."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    np = _numpy()
-    if np is not None:
-        name, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
-    """Restore what `capture_rng_state` returned; CUDA state only onto a CUDA device."""
-    torch.set_rng_state(state["torch"].cpu())
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    if "cuda" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
-    np = _numpy()
-    if "numpy" in state and np is not None:
-        name, keys, pos, has_gauss, gauss = state["numpy"]
-        np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))
 
 
 # ------------------------------------------------------------------------- atomic file write
@@ -139,8 +102,33 @@ def _free_space(path: str) -> str:
     return f" ({free / 2**20:.0f} MiB free there)"
 
 
+class _WriteErrors:
+    """Passes writes to `f`, keeping the OSError a write raised: torch reports a failed write as
+    "unexpected pos", hiding the cause (a full disk: ENOSPC)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f, self.error = f, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
 def _serialize(payload: Any, f: IO[bytes]) -> None:
-    write_with_checksum(payload, f)
+    """``torch.save(payload, f)``; a failed write raises its own OSError."""
+    writer = _WriteErrors(f)
+    try:
+        torch.save(payload, writer)
+    except Exception as exc:
+        if writer.error is not None and writer.error is not exc:
+            raise writer.error from exc
+        raise
 
 
 # ------------------------------------------------------------------------- state <-> entries
@@ -271,9 +259,9 @@ def _load(backend: Any, path: str, state: Optional[MutableMapping[str, Any]], re
     error: Optional[BaseException] = None
     try:
         if os.path.isdir(path):  # fsdp's sharded checkpoint, read whole
-            checkpoint, verified = read_sharded_checkpoint(path, backend.device, backend.rank, restore_rng), True
+            checkpoint = read_sharded_checkpoint(path, backend.device, backend.rank, restore_rng)
         else:
-            checkpoint, verified = read_checkpoint(path, backend.device, backend.rank, restore_rng)
+            checkpoint = read_checkpoint(path, backend.device, backend.rank, restore_rng)
     except Exception as exc:
         error = exc
     failed = _agree(backend, error is None)
@@ -281,13 +269,6 @@ def _load(backend: Any, path: str, state: Optional[MutableMapping[str, Any]], re
         raise CheckpointError(
             f"could not read checkpoint {path} on rank(s) {failed}{': ' + str(error) if error is not None else ''}"
         ) from error
-    if not verified and backend.is_main:
-        print(
-            f"paraflow: checkpoint {path} has no checksum (written before paraflow stored one); loaded without "
-            "verifying its bytes. The next backend.save writes one.",
-            file=sys.stderr,
-            flush=True,
-        )
     rest = backend._restore_state(state, checkpoint["state"], path)
     if restore_rng:
         rng = checkpoint["rng"]

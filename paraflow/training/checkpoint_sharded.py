@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from .checkpoint_reader import UnreadableCheckpoint, check_rng_state
+from .checkpoint_reader import UnreadableCheckpoint, check_rng_states
 
 __all__ = ["POINTER", "EXTRAS", "committed_version", "read_sharded_checkpoint", "optimizer_state_by_position"]
 
@@ -71,10 +71,7 @@ def read_sharded_checkpoint(path: str, device: torch.device, rank: int, check_rn
         whole = _to_device(sharded[key], device)
         state[key] = optimizer_state_by_position(whole) if kind == "optimizer" else whole
     if check_rng:
-        states = extras.get("rng") or []
-        if not states:
-            raise UnreadableCheckpoint("it holds no RNG states")
-        check_rng_state(states[rank % len(states)], f"the RNG state saved by rank {rank % len(states)}")
+        check_rng_states(extras.get("rng"), rank)
     return {"paraflow": extras["paraflow"], "state": state, "rng": extras["rng"]}
 
 

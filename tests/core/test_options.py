@@ -6,7 +6,7 @@ import math
 import pytest
 
 import paraflow
-from paraflow.core.options import DEFAULT_TIMEOUT_S, timeout_seconds
+from paraflow.core.options import DEFAULT_TIMEOUT_S
 
 BAD = [0, -5, "abc", math.nan, math.inf, "nan", "inf", "-inf", "0", "-5", datetime.timedelta(0)]
 BACKENDS = ["single", "ddp-gloo", "horovod"]
@@ -31,6 +31,9 @@ def test_bad_paraflow_timeout_variable_is_refused_at_construction(backend, value
 
 @pytest.mark.parametrize("value, seconds", [(30, 30.0), ("2.5", 2.5), (datetime.timedelta(minutes=2), 120.0)])
 def test_good_timeouts_are_taken(value, seconds, monkeypatch):
+    def timeout_seconds(value):
+        return paraflow.get_backend("single", timeout=value).timeout
+
     monkeypatch.delenv("PARAFLOW_TIMEOUT", raising=False)
     assert timeout_seconds(value) == seconds
     monkeypatch.setenv("PARAFLOW_TIMEOUT", "7")

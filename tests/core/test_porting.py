@@ -5,7 +5,7 @@ import os
 import pytest
 
 import paraflow
-from paraflow.core import portable_options
+from paraflow.core import options
 from paraflow.core.banner import banner_line
 from paraflow.core.registry import _REGISTRY
 from paraflow.environment.launchers import ProcessEnvironment
@@ -15,7 +15,7 @@ from paraflow.environment.mpi_library import MPI_YIELD, apply_mpi_yield, mpi_yie
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
     """Each test starts with nothing initialised and no option announced yet."""
-    monkeypatch.setattr(portable_options, "_announced", set())
+    monkeypatch.setattr(options, "_announced", set())
     for key in ("PARAFLOW_BANNER", MPI_YIELD):
         monkeypatch.setenv(key, "")  # recorded, so whatever a test sets is undone
         monkeypatch.delenv(key)

@@ -7,7 +7,7 @@ import torch
 
 from paraflow.backends.ddp.backend import unused_parameters_error
 from paraflow.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError, LauncherError
-from paraflow.reliability.collective_check import DESCRIPTOR_WORDS, _Descriptor, _encode, _mismatch, describe
+from paraflow.reliability.collective_check import _call, _decode, _encode, _mismatch, describe
 from paraflow.reliability.deadlines import DeadlineExceeded, call_with_deadline, spin_until
 from paraflow.reliability.translation import startup_errors, translate_collective_error
 
@@ -112,9 +112,10 @@ def test_unused_parameters_are_named_from_torch_indices():
 
 def _descriptor(collective="allreduce", sequence=1, tensor=None, argument=0, site="train.py:10"):
     tensor = torch.ones(3) if tensor is None and collective != "barrier" else tensor
-    words = _encode(collective, sequence, tensor, argument, site)
-    assert words.dtype == torch.int64 and words.numel() == DESCRIPTOR_WORDS
-    return _Descriptor(words.tolist())
+    argument = ("sum", "mean", "min", "max")[argument] if collective == "allreduce" else argument
+    row = _encode(_call(collective, sequence, tensor, argument, site))
+    assert row.dtype == torch.uint8 and row.numel() == 512
+    return _decode(row)
 
 
 def test_descriptor_round_trip():
@@ -142,8 +143,9 @@ def test_every_kind_of_mismatch_is_found(other, problem):
 
 
 def test_garbage_is_not_a_descriptor():
-    garbage = _Descriptor([7] * DESCRIPTOR_WORDS)
+    garbage = _decode(torch.full((512,), 7, dtype=torch.uint8))
     assert _mismatch([_descriptor(), garbage]) == "a rank is inside a different collective"
+    assert "rank 1 called something that is not a paraflow collective" in describe([_descriptor(), garbage])
 
 
 def test_describe_groups_ranks_with_the_same_call():

@@ -3,9 +3,9 @@
 import time
 
 from paraflow.errors import CollectiveError, CollectiveTimeoutError
-from paraflow.reliability import watchdog as watchdog_module
+from paraflow.reliability import deadlines
+from paraflow.reliability.deadlines import Watchdog
 from paraflow.reliability.mpi_abort import lost_a_peer
-from paraflow.reliability.watchdog import Watchdog
 
 
 def test_a_wait_past_its_deadline_is_reported_and_ends_the_process(capsys):
@@ -25,7 +25,7 @@ def test_waits_that_end_in_time_cost_nothing_and_leave_nothing():
     for _ in range(1000):
         with dog.watch(60, lambda waited: "never"):
             pass
-    time.sleep(2 * watchdog_module.TICK_S)
+    time.sleep(2 * deadlines.TICK_S)
     assert ended == [] and dog._waits == {}
 
 
