@@ -49,6 +49,7 @@ def pytest_collection_modifyitems(config, items):
         if Path(item.fspath).resolve().relative_to(ROOT).as_posix() in LONG_SETS:
             item.add_marker(pytest.mark.long)
 
+
 # One thread per rank, so ranks on a 2-core machine do not fight for cores.
 RANK_ENV = {
     "OMP_NUM_THREADS": "1",

@@ -8,7 +8,7 @@ Horovod's own wait (``synchronize``) spins on the handle with no timeout. The pu
 poll their handle the same way on the calling thread and give up after the backend's timeout
 (so the error can be caught); every other horovod wait (broadcasts in ``wrap_model`` and
 ``wrap_optimizer``, the gradient wait in ``step()``, barriers, ``join``) runs under the watchdog
-(:mod:`paraflow.reliability.watchdog`), which costs nothing while it ends in time. Horovod's
+(:mod:`paraflow.reliability.deadlines`), which costs nothing while it ends in time. Horovod's
 errors become paraflow's, naming the call and this rank.
 """
 
@@ -28,10 +28,9 @@ from ...core.options import check_one_of
 from ...environment.launchers import ProcessEnvironment
 from ...environment.scoped_env import ScopedEnv
 from ...errors import CollectiveError, ConfigurationError
-from ...reliability.deadlines import DeadlineExceeded, spin_until
+from ...reliability.deadlines import DeadlineExceeded, spin_until, watchdog
 from ...reliability.stall import stall_facts
 from ...reliability.translation import translate_collective_error
-from ...reliability.watchdog import watchdog
 from ...training.join import copy_state_from
 from ...training.no_sync import forward_decided_sync
 from .info import horovod_missing_reason, import_horovod
