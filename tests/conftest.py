@@ -22,7 +22,7 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 
 #: Test files that start whole jobs end to end, several launches a test (the benchmark's runs, the
 #: fault and restart matrices, cross-backend resumes): marked `long`, out of `make test`, run by
-#: `make test-long` (and by CI). Each behaviour they check also has a quicker test in `make test`.
+#: `make test-long` and by CI.
 LONG_SETS = {
     "tests/bench/test_bench_e2e.py",
     "tests/bench/test_bench_faults.py",
@@ -41,13 +41,52 @@ LONG_SETS = {
     "tests/reliability/test_stopped_rank_phases.py",
     "tests/training/test_resume_world_size.py",
 }
+#: Further cases of a behaviour `make test` already checks under another backend or launcher:
+#: marked `long` as well.
+LONG_CASES = {
+    "tests/backends/ddp/test_comm_hooks.py::test_exit_after_a_hook_whose_thread_still_holds_its_continuation[torch]",
+    "tests/backends/horovod/test_horovod.py::test_real_ranks[horovodrun-sum]",
+    "tests/backends/horovod/test_horovod.py::test_real_ranks[torchrun-fp16-predivide]",
+    "tests/core/test_portable.py::test_the_same_script_runs_unchanged_and_ignores_the_other_backends_options"
+    "[horovod-horovodrun]",
+    "tests/reliability/test_bad_input.py::test_taken_port_started_by_hand_is_named_and_nobody_waits_forever[horovod]",
+    "tests/reliability/test_bad_input.py::test_world_size_larger_than_the_started_processes[horovod]",
+    "tests/reliability/test_error_messages.py::test_a_timeout_inside_a_call_names_that_call_the_rank_and_the_silent_rank"
+    "[wrap_model]",
+    "tests/reliability/test_stall.py::test_uneven_evaluation_ends_with_a_stall_report_naming_each_ranks_collective"
+    "[horovod-mpirun]",
+    "tests/reliability/test_stall.py::test_save_under_if_rank_0_gives_a_stall_report_naming_both_calls_and_the_fix"
+    "[horovod-mpirun]",
+    "tests/reliability/test_stall.py::test_stall_watch_adds_no_operation_per_step[horovod-mpirun]",
+    "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[single-python1]",
+    "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[ddp-gloo-python1]",
+    "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[ddp-gloo-mpirun2]",
+    "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[horovod-horovodrun2]",
+    "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[horovod-torchrun2]",
+    "tests/tools/test_check.py::test_text_report_is_printed_once_under_a_launcher",
+    "tests/tools/test_run.py::test_train_py_runs_on_two_ranks[horovod-horovodrun-horovodrun]",
+    "tests/training/test_equivalence.py::test_horovod_gradient_accumulation_matches_single[no_sync-horovodrun]",
+    "tests/training/test_porting_gradients.py::test_clip_grad_norm_between_backward_and_step_matches_one_process_bit_for_bit"
+    "[horovod-gloo]",
+    "tests/training/test_porting_gradients.py::test_no_sync_around_the_forward_only_accumulates_as_on_ddp[horovod-gloo]",
+    "tests/training/test_resume.py::test_resumed_run_is_bitwise_equal_to_the_straight_run[horovod]",
+}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the tests of LONG_SETS `long`."""
+    """Mark the tests of LONG_SETS and LONG_CASES `long`; collecting the whole suite, a LONG_CASES entry
+    that names no test is an error."""
+    found = set()
     for item in items:
-        if Path(item.fspath).resolve().relative_to(ROOT).as_posix() in LONG_SETS:
+        path = Path(item.fspath).resolve().relative_to(ROOT).as_posix()
+        node = f"{path}::{item.name}"
+        if path in LONG_SETS or node in LONG_CASES:
             item.add_marker(pytest.mark.long)
+            found.add(node)
+    whole_suite = list(config.args) == list(config.getini("testpaths")) and not config.getoption("keyword")
+    stale = LONG_CASES - found
+    if whole_suite and stale:
+        raise pytest.UsageError(f"tests/conftest.py LONG_CASES names tests that do not exist: {sorted(stale)}")
 
 
 # One thread per rank, so ranks on a 2-core machine do not fight for cores.
