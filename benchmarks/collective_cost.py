@@ -7,9 +7,10 @@ Usage: torchrun --nproc_per_node 2 benchmarks/collective_cost.py [BACKEND] [ROUN
 For 4 KB, 1 MB, 16 MB and 64 MB of float32, rank 0 prints the median over ROUNDS of
 ``backend.allreduce_(x)`` against the library's in-place sum (``dist.all_reduce(x)``,
 ``hvd.allreduce_(x)``) and ``backend.allreduce(x)`` against the library's sum of a copy, the two
-sides interleaved call by call in this one process, the order flipped every round. Then the same small training step through a
-model wrapped with the stall watch's markers and one wrapped without them (the watch's thread
-runs throughout; it wakes every threshold / 4 s), interleaved the same way.
+sides interleaved call by call in this one process, the order flipped every round. Then the same
+small training step through a model wrapped with the stall watch's markers and one wrapped
+without them (the watch's thread runs throughout; it wakes every threshold / 4 s), interleaved
+the same way.
 """
 
 import statistics
