@@ -21,7 +21,7 @@ test: lint
 	$(PY) -m pytest
 
 test-long: install
-	$(PY) -m pytest -m long
+	$(PY) -m pytest -m "long and not soak and not cluster"
 
 test-cluster: install
 	$(PY) -m pytest -m cluster tests/tools/cluster
