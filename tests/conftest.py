@@ -63,7 +63,6 @@ LONG_CASES = {
     "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[ddp-gloo-mpirun2]",
     "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[horovod-horovodrun2]",
     "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[horovod-torchrun2]",
-    "tests/tools/test_check.py::test_text_report_is_printed_once_under_a_launcher",
     "tests/tools/test_run.py::test_train_py_runs_on_two_ranks[horovod-horovodrun-horovodrun]",
     "tests/training/test_equivalence.py::test_horovod_gradient_accumulation_matches_single[no_sync-horovodrun]",
     "tests/training/test_porting_gradients.py::test_clip_grad_norm_between_backward_and_step_matches_one_process_bit_for_bit"

@@ -23,6 +23,15 @@ TIMEOUT_S = 10
 STARTUP_S = 60
 
 
+def process_state(pid: int) -> str:
+    """The process's state letter from /proc ('T': stopped), or '' once it has exited (or is a zombie)."""
+    try:
+        letter = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return "" if letter == "Z" else letter
+
+
 def fault_env(**extra: str) -> dict:
     """Variables every fault worker gets: one thread per rank and the short timeout."""
     return {"PARAFLOW_TIMEOUT": str(TIMEOUT_S), **extra}

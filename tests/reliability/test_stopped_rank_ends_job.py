@@ -16,21 +16,12 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, requires_horovod
-from faultkit import FAULT_WORKERS, STARTUP_S, TIMEOUT_S, fault_env
+from faultkit import FAULT_WORKERS, STARTUP_S, TIMEOUT_S, fault_env, process_state
 
 from paraflow.tools.launch import kill_group
 
 #: How soon after the stop the job must have ended, every process of it included.
 ENDS_WITHIN_S = TIMEOUT_S + 10
-
-
-def state(pid: int) -> str:
-    """The process's state letter ('T': stopped), or '' once it has exited."""
-    try:
-        letter = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-    return "" if letter == "Z" else letter
 
 
 def run_and_time_the_end(command: list, directory: Path, env: dict):
@@ -45,14 +36,14 @@ def run_and_time_the_end(command: list, directory: Path, env: dict):
             pid_file = directory / "rank1.pid"
             if stopped_at is None and pid_file.exists() and pid_file.read_text().strip():
                 stopped_pid = int(pid_file.read_text())
-                if state(stopped_pid) == "T":
+                if process_state(stopped_pid) == "T":
                     stopped_at = time.monotonic()
             time.sleep(0.05)
         assert proc.poll() is not None, f"the job was still running after {STARTUP_S + 120} s"
         ended = time.monotonic()
     finally:
         kill_group(proc.pid)
-        if stopped_pid and state(stopped_pid):
+        if stopped_pid and process_state(stopped_pid):
             os.kill(stopped_pid, signal.SIGKILL)
     assert stopped_at is not None, f"rank 1 never stopped:\n{out.read_text()}\n{err.read_text()[-3000:]}"
     return out.read_text(), err.read_text(), proc.returncode, ended - stopped_at, stopped_pid
@@ -73,7 +64,7 @@ def test_paraflow_run_ends_a_job_with_a_stopped_rank_within_the_timeout_plus_10_
     stdout, stderr, status, took, stopped_pid = run_and_time_the_end(command, tmp_path, {**no_leftovers, **fault_env()})
     assert status != 0
     assert took <= ENDS_WITHIN_S, f"the job ended {took:.1f} s after the stop:\n{stderr[-3000:]}"
-    assert not state(stopped_pid), "the stopped rank outlived the job"
+    assert not process_state(stopped_pid), "the stopped rank outlived the job"
     assert "rank 1" in stdout + stderr, "nothing named the stopped rank"
 
 
@@ -107,5 +98,5 @@ def test_paraflow_launch_ends_a_call_with_a_stopped_rank_within_the_timeout_plus
     stdout, stderr, status, took, stopped_pid = run_and_time_the_end(command, tmp_path, {**no_leftovers, **fault_env()})
     assert status == 1, stdout + stderr[-3000:]
     assert took <= ENDS_WITHIN_S, f"paraflow.launch returned {took:.1f} s after the stop:\n{stderr[-3000:]}"
-    assert not state(stopped_pid), "the stopped rank outlived the call"
+    assert not process_state(stopped_pid), "the stopped rank outlived the call"
     assert "rank 1" in stdout, stdout

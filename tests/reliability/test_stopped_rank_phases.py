@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import requires_horovod
-from faultkit import STARTUP_S, TIMEOUT_S, events, run_worker
+from faultkit import STARTUP_S, TIMEOUT_S, events, process_state, run_worker
 
 PHASES = ("wrap_model", "wrap_optimizer", "shutdown")
 LAUNCHES = [
@@ -31,11 +31,7 @@ _WATCHDOG_LINE = re.compile(r"^(?:\[\d+\]<stderr>:)?paraflow\.errors\.Collective
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    return bool(process_state(pid))
 
 
 def pids(directory: Path) -> dict:
@@ -63,8 +59,7 @@ def watch_launch(backend, launcher, phase, directory):
         seen.update(pids(directory))
         stop_file = directory / "rank1.pid"
         if stopped_at is None and stop_file.exists() and seen.get(1):
-            state = Path(f"/proc/{seen[1]}/stat").read_text().rsplit(")", 1)[1].split()[0] if alive(seen[1]) else ""
-            if state == "T":
+            if process_state(seen[1]) == "T":
                 stopped_at = time.time()
         for rank, pid in seen.items():
             if rank != 1 and rank not in gone and not alive(pid):
