@@ -289,7 +289,7 @@ def _descendants(pid: int, table: Optional[dict] = None) -> list[int]:
 
 
 def _pending(pid: int) -> int:
-    """The signals waiting for process `pid` (its own and its threads' shared mask); 0 if unknown."""
+    """The signals waiting for process `pid` (its main thread's and the whole process's); 0 if unknown."""
     mask = 0
     try:
         with open(f"/proc/{pid}/status") as f:
