@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .activity import Activity, State
+from .activity import Activity
 
 __all__ = [
     "JOB_DIR_ENV",
@@ -63,9 +63,16 @@ _MAGIC = b"PFLW"
 _VERSION = 1
 _SIZE = 65536
 _HEADER = struct.Struct("<4sIiiid")  # magic, version, pid, rank, world size, started (wall time)
-# seq, phase, after, site, inner site, collective, inside, ended, step, number, since, seq again
-_STATE = struct.Struct("<Qiiiiiiiqqdq")
-_STATE_AT = 64
+# The record, written in pieces so a collective costs one small store on entry and one byte on exit:
+# phase (call, after, site), the last public collective (name, number, the code that made it inside
+# another paraflow call, whether the rank is inside it), the step, and whether Python's exit ran.
+_PHASE_AT, _PHASE = 64, struct.Struct("<iii")
+_COLLECTIVE_AT, _COLLECTIVE = 76, struct.Struct("<iqii")
+_CALL = struct.Struct("<iiiiqii")  # phase and collective in one store (a collective made by the script)
+_INSIDE_AT = 92
+_STEP_AT, _STEP = 96, struct.Struct("<q")
+_ENDED_AT = 104
+_INNER_AT, _INNER_SIZE = 128, 128  # the code that made an inner collective: u8 length + UTF-8 bytes
 _TABLE_AT = 256  # strings: u16 length + UTF-8 bytes each, id = position in the table, from 1
 _LENGTH = struct.Struct("<H")
 #: The launchers' own names of one job, first found wins: ranks of one job on one host agree on it.
@@ -120,7 +127,6 @@ class LastWords:
         _HEADER.pack_into(self._map, 0, _MAGIC, _VERSION, os.getpid(), rank, world_size, time.time())
         self._ids: dict = {"": 0}
         self._table_end = _TABLE_AT
-        self._seq = 0
         self._fault_file = open(self.fault_path, "w")  # noqa: SIM115 - open while faulthandler writes to it
         faulthandler.enable(file=self._fault_file, all_threads=True)
 
@@ -139,26 +145,31 @@ class LastWords:
         self._ids[text] = known = len(self._ids)
         return known
 
-    def write(self, state: State, collective: str, number: int, inner: str, inside: bool, ended: bool = False) -> None:
-        """Store `state` and the last public collective in the mapping (memory stores only)."""
+    def phase(self, call: str, after: str, site: str) -> None:
+        """Store the phase (memory stores only; a string seen for the first time joins the table)."""
+        ids, add = self._ids.get, self._id
+        _PHASE.pack_into(self._map, _PHASE_AT, ids(call) or add(call), ids(after) or add(after), ids(site) or add(site))
+
+    def collective(self, name: str, number: int, site: str) -> None:
+        """A public collective the script called at `site` begins: phase and collective in one store."""
         ids = self._ids.get
-        self._seq = seq = self._seq + 1
-        _STATE.pack_into(
-            self._map,
-            _STATE_AT,
-            seq,
-            ids(state.call) or self._id(state.call),
-            ids(state.after) or self._id(state.after),
-            ids(state.site) or self._id(state.site),
-            ids(inner) or self._id(inner),
-            ids(collective) or self._id(collective),
-            inside,
-            ended,
-            state.step,
-            number,
-            state.since,
-            seq,
-        )
+        name_id = ids(name) or self._id(name)
+        _CALL.pack_into(self._map, _PHASE_AT, name_id, 0, ids(site) or self._id(site), name_id, number, 0, 1)
+
+    def inner_collective(self, name: str, number: int, inner: str) -> None:
+        """A collective made inside another paraflow call (save's allgathers) begins."""
+        raw = inner.encode("utf-8", "replace")[: _INNER_SIZE - 1]
+        self._map[_INNER_AT + 1 : _INNER_AT + 1 + len(raw)] = raw
+        self._map[_INNER_AT] = len(raw)
+        _COLLECTIVE.pack_into(self._map, _COLLECTIVE_AT, self._ids.get(name) or self._id(name), number, 1, 1)
+
+    def step(self, step: int) -> None:
+        """A training step begins."""
+        _STEP.pack_into(self._map, _STEP_AT, step)
+
+    def ended(self) -> None:
+        """This process leaves through Python's exit."""
+        self._map[_ENDED_AT] = 1
 
     def close(self, remove: bool) -> None:
         """Stop writing; `remove` deletes both files (a clean end of the job)."""
@@ -180,45 +191,53 @@ class RecordedActivity(Activity):
     def __init__(self, last_words: LastWords) -> None:
         super().__init__()
         self.last_words = last_words
-        self.collective, self.number, self.inner, self.inside = "", 0, "", False
-        self.ended = self.frozen = False
-        self._write()
-
-    def _write(self) -> None:
-        self.last_words.write(self.state, self.collective, self.number, self.inner, self.inside, self.ended)
+        self._map = last_words._map
+        self.frozen = False  # a call failed: the record keeps it while the error leaves the calls around it
+        self.ended = False
+        state = self.state
+        last_words.phase(state.call, state.after, state.site)
 
     def enter(self, name: str, site: Optional[str] = None, call_args: Any = None) -> None:
         Activity.enter(self, name, site, call_args)
         self.frozen = False
-        if call_args is not None:
-            self.collective, self.number, self.inside = name, call_args[0], True
-            self.inner = _inner_site(call_args[1]) if self._depth > 1 else ""
-        self._write()
+        if call_args is None:
+            if self._depth == 1:
+                self.last_words.phase(name, "", self.state.site)
+        elif self._depth == 1:
+            self.last_words.collective(name, call_args[0], self.state.site)
+        else:
+            self.last_words.inner_collective(name, call_args[0], _inner_site(call_args[1]))
 
     def leave(self, name: str) -> None:
         Activity.leave(self, name)
         if self.frozen:
-            return  # the record keeps the call that failed
-        if name == self.collective:
-            self.inside = False
-        self._write()
+            return
+        self._map[_INSIDE_AT] = 0  # the collective returned (a call that is none has none open: no harm)
+        if self._depth == 0 and name not in _COLLECTIVES:
+            self.last_words.phase("idle", name, self.state.site)
 
     def failed(self) -> None:
-        """The current collective failed: the record keeps it while the error leaves the calls around it."""
+        """The current call failed: the record keeps it while the error leaves the calls around it."""
         self.frozen = True
 
     def forward_started(self, training: bool, site: str) -> None:
         Activity.forward_started(self, training, site)
-        self.frozen = False
-        self._write()
+        if not self._depth:
+            self.frozen = False
+            state = self.state
+            self.last_words.step(state.step)
+            self.last_words.phase(state.call, "", site)
 
     def forward_done(self, training: bool) -> None:
         Activity.forward_done(self, training)
-        self._write()
+        if not self._depth:
+            state = self.state
+            self.last_words.phase(state.call, state.after, state.site)
 
     def optimizer_stepped(self) -> None:
         Activity.optimizer_stepped(self)
-        self._write()
+        if not self._depth:
+            self.last_words.phase("idle", "optimizer.step", self.state.site)
 
 
 def _inner_site(tensor: Any) -> str:
@@ -252,29 +271,28 @@ def read_record(path: Path) -> Optional[dict]:
             break
         strings.append(raw[at + _LENGTH.size : at + _LENGTH.size + length].decode("utf-8", "replace"))
         at += _LENGTH.size + length
-    seq, call, after, site, inner, collective, inside, ended, step, number, since, seq2 = _STATE.unpack_from(
-        raw, _STATE_AT
-    )
+    call, after, site, collective, number, inner, inside = _CALL.unpack_from(raw, _PHASE_AT)
+    (step,) = _STEP.unpack_from(raw, _STEP_AT)
+    ended = raw[_ENDED_AT]
 
     def text(i: int) -> str:
         return strings[i] if 0 <= i < len(strings) else "?"
 
+    returned = call and call == collective and not inside  # a collective the script called has returned
     return {
         "pid": pid,
         "rank": rank,
         "world_size": world_size,
         "started": started,
-        "call": text(call),
-        "after": text(after),
+        "call": "idle" if returned else text(call),
+        "after": text(collective if returned else after),
         "site": text(site),
-        "inner": text(inner),
+        "inner": raw[_INNER_AT + 1 : _INNER_AT + 1 + raw[_INNER_AT]].decode("utf-8", "replace") if inner else "",
         "collective": text(collective),
         "number": number,
         "inside": bool(inside),
         "ended": bool(ended),
         "step": step,
-        "since": since,
-        "torn": seq != seq2,
     }
 
 
@@ -494,7 +512,7 @@ def mark_ended() -> None:
     activity = _current
     if activity is not None and not activity.ended:
         activity.ended = True
-        activity._write()
+        activity.last_words.ended()
 
 
 def end_last_words(activity: Optional[Activity], watch: Optional[LastWordsWatch], clean: bool) -> None:
@@ -504,7 +522,7 @@ def end_last_words(activity: Optional[Activity], watch: Optional[LastWordsWatch]
         watch.stop()
     if isinstance(activity, RecordedActivity):
         activity.ended = True
-        activity._write()
+        activity.last_words.ended()
         if clean:
             activity.last_words.close(remove=True)
             if _current is activity:
