@@ -34,6 +34,8 @@ import mmap
 import os
 import re
 import select
+import shutil
+import signal
 import struct
 import sys
 import tempfile
@@ -128,7 +130,11 @@ class LastWords:
         self._ids: dict = {"": 0}
         self._table_end = _TABLE_AT
         self._fault_file = open(self.fault_path, "w")  # noqa: SIM115 - open while faulthandler writes to it
+        self._had_faulthandler = faulthandler.is_enabled()  # on stderr (PYTHONFAULTHANDLER, torchrun's @record)
         faulthandler.enable(file=self._fault_file, all_threads=True)
+        # A launcher ending the job sends SIGTERM: the stacks (with no "Fatal Python error" line) tell
+        # a rank ended that way from one that died on its own.
+        faulthandler.register(signal.SIGTERM, file=self._fault_file, all_threads=True, chain=True)
 
     def _id(self, text: str) -> int:
         """The table id of `text`, adding it on first sight (0 when the table is full)."""
@@ -173,7 +179,10 @@ class LastWords:
 
     def close(self, remove: bool) -> None:
         """Stop writing; `remove` deletes both files (a clean end of the job)."""
-        if faulthandler.is_enabled():
+        faulthandler.unregister(signal.SIGTERM)
+        if self._had_faulthandler:
+            faulthandler.enable(file=sys.stderr, all_threads=True)
+        else:
             faulthandler.disable()
         self._fault_file.close()
         if remove:
@@ -305,14 +314,15 @@ def _alive(pid: int) -> bool:
 
 
 def fault_signal(directory: Path, rank: int) -> Optional[str]:
-    """The fatal signal faulthandler recorded for `rank` ("SIGABRT", ...), or None."""
+    """The fatal signal faulthandler recorded for `rank` ("SIGABRT", ...; "SIGTERM" for the stacks it
+    writes when the launcher ends the rank), or None."""
     try:
         text = (Path(directory) / f"rank{rank}.fault").read_text(errors="replace")
     except OSError:
         return None
     match = re.search(r"Fatal Python error: ([A-Za-z -]+)", text)
     if not match:
-        return None
+        return "SIGTERM" if text.strip() else None
     return _SIGNALS.get(match.group(1).strip(), match.group(1).strip())
 
 
@@ -361,7 +371,8 @@ def compose(dead: dict, signal_name: Optional[str], others: dict[int, dict], dir
         if r == rank:
             continue
         elsewhere = "elsewhere: " if _position(record) != _position(dead) else ""
-        state = "" if record["ended"] or _alive(record["pid"]) else " (dead too)"
+        gone = not record["ended"] and not _alive(record["pid"])
+        state = f" (then ended: {fault_signal(directory, r) or 'no fault report'})" if gone else ""
         parts.append(f"rank {r} was {elsewhere}{describe(record)}{state}")
     if parts:
         text += "; " + "; ".join(parts)
@@ -382,10 +393,11 @@ def dead_peers_text(directory: Optional[Path] = None) -> str:
     """The last-words lines of every dead rank recorded in `directory` (this job's by default), or ''."""
     directory = job_directory() if directory is None else directory
     records = _records(directory)
+    signals = {r: fault_signal(directory, r) for r in records}
     lines = [
-        compose(records[r], fault_signal(directory, r), records, directory)
+        compose(records[r], signals[r], records, directory)
         for r in sorted(records)
-        if not records[r]["ended"] and not _alive(records[r]["pid"])
+        if not records[r]["ended"] and not _alive(records[r]["pid"]) and signals[r] != "SIGTERM"
     ]
     return " ".join(lines)
 
@@ -406,14 +418,15 @@ def report_dead_ranks(directory: Path, file: Any = None, once: bool = True, sett
     printed = []
     for rank in sorted(records):
         record = records[rank]
-        if record["ended"] or _alive(record["pid"]):
+        signal_name = fault_signal(directory, rank)
+        if record["ended"] or _alive(record["pid"]) or signal_name == "SIGTERM":  # SIGTERM: ended by the launcher
             continue
         if once:
             try:
                 os.close(os.open(Path(directory) / f"rank{rank}.reported", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except OSError:
                 continue
-        line = compose(record, fault_signal(directory, rank), records, directory)
+        line = compose(record, signal_name, records, directory)
         out = sys.stderr if file is None else file
         out.write(line + "\n")
         out.flush()
@@ -527,6 +540,23 @@ def end_last_words(activity: Optional[Activity], watch: Optional[LastWordsWatch]
             activity.last_words.close(remove=True)
             if _current is activity:
                 _current = None
+
+
+def new_job_directory() -> Path:
+    """A fresh job directory for a launch paraflow starts (``paraflow run``, ``paraflow.launch``): its
+    ranks get it as ``PARAFLOW_JOB_DIR``."""
+    base = Path(tempfile.gettempdir()) / f"paraflow-{os.getuid()}"
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="job-launch-", dir=base))
+
+
+def job_ended(directory: Path, file: Any = None) -> list[int]:
+    """After a launch: print the line of every rank of `directory` that died (the job's last words),
+    and remove the directory when none did (a dead rank's files stay for the user). Returns the dead ranks."""
+    printed = report_dead_ranks(directory, file=file, once=False)
+    if not printed:
+        shutil.rmtree(directory, ignore_errors=True)
+    return printed
 
 
 #: Job directories older than this, whose ranks are all gone, are removed when a job starts.
