@@ -550,13 +550,14 @@ def new_job_directory() -> Path:
     return Path(tempfile.mkdtemp(prefix="job-launch-", dir=base))
 
 
-def job_ended(directory: Path, file: Any = None) -> list[int]:
-    """After a launch: print the line of every rank of `directory` that died (the job's last words),
-    and remove the directory when none did (a dead rank's files stay for the user). Returns the dead ranks."""
-    printed = report_dead_ranks(directory, file=file, once=False)
-    if not printed:
+def job_ended(directory: Path, dead: Optional[list] = None) -> None:
+    """After a launch: print the line of every rank of `directory` that died (the job's last words;
+    `dead`: they were printed already), then remove the directory unless one of them left a fault
+    report (its Python stacks stay for the user)."""
+    if dead is None:
+        dead = report_dead_ranks(directory, once=False)
+    if not any(fault_signal(directory, rank) for rank in dead):
         shutil.rmtree(directory, ignore_errors=True)
-    return printed
 
 
 #: Job directories older than this, whose ranks are all gone, are removed when a job starts.

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from ..environment.launchers import free_port, launcher_variables
 from ..errors import ConfigurationError, LaunchTimeoutError, MissingDependencyError, RankFailedError
-from ..reliability.last_words import JOB_DIR_ENV, new_job_directory, report_dead_ranks
+from ..reliability.last_words import JOB_DIR_ENV, job_ended, mark_ended, new_job_directory, report_dead_ranks
 from .launch import kill_group, kill_tree
 
 __all__ = ["launch", "run_workers", "RankOutcome", "DEFAULT_TIME_LIMIT", "call_in_backend"]
@@ -206,8 +206,8 @@ def run_workers(
         for thread in readers:
             thread.join(timeout=5)
         shutil.rmtree(workdir, ignore_errors=True)
-        if records is not None and not dead:  # a dead rank's files stay for the user
-            shutil.rmtree(records, ignore_errors=True)
+        if records is not None:
+            job_ended(records, dead)
     return outcomes
 
 
@@ -429,6 +429,7 @@ def main(argv: Optional[list] = None) -> None:
     if record[0] == "error":
         sys.stdout.flush()
         sys.stderr.flush()
+        mark_ended()  # its error is reported: the last words must not count it as died
         os._exit(1)  # no shutdown, no atexit: a backend whose peers are gone could wait for them
 
 
