@@ -326,11 +326,26 @@ def fault_signal(directory: Path, rank: int) -> Optional[str]:
     return _SIGNALS.get(match.group(1).strip(), match.group(1).strip())
 
 
+def _process_start() -> float:
+    """When this process started (wall time; 0 where /proc does not say)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        lines = Path("/proc/stat").read_text().splitlines()
+        boot = next(int(line.split()[1]) for line in lines if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
+    return boot + ticks / os.sysconf("SC_CLK_TCK") - 1.0  # btime is whole seconds
+
+
 def _records(directory: Path) -> dict[int, dict]:
+    """The records in `directory`; seen from a rank, only those of its own job: a directory named
+    after a launcher's job id (torchrun's default port) may hold an earlier job's, made before this
+    process started, while every rank of this job writes its own after the rendezvous."""
+    since = _started if _current is not None else 0.0
     found = {}
     for path in Path(directory).glob("rank*.rec"):
         record = read_record(path)
-        if record is not None:
+        if record is not None and record["started"] >= since:
             found[record["rank"]] = record
     return found
 
@@ -423,7 +438,8 @@ def report_dead_ranks(directory: Path, file: Any = None, once: bool = True, sett
             continue
         if once:
             try:
-                os.close(os.open(Path(directory) / f"rank{rank}.reported", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                marker = Path(directory) / f"rank{rank}-{record['pid']}.reported"
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except OSError:
                 continue
         line = compose(record, signal_name, records, directory)
@@ -497,12 +513,14 @@ class LastWordsWatch:
 
 
 _current: Optional[RecordedActivity] = None  # this process's record, for mark_ended
+_started = 0.0  # when this process started, for _records
 
 
 def start_last_words(backend: Any) -> tuple[Optional[RecordedActivity], Optional[LastWordsWatch]]:
     """For a job of several processes: this rank's recorded activity and the watch over its local
     peers, or (None, None) when the job directory cannot be written (the stall watch's plain record then)."""
-    global _current
+    global _current, _started
+    _started = _process_start()
     directory = job_directory()
     try:
         if backend.local_rank == 0:

@@ -4,6 +4,7 @@ import io
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -116,3 +117,19 @@ def test_the_job_directory_is_the_launchers_job_or_the_one_chosen():
     assert job_directory({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}).name == "job-10.0.0.1-29500"
     torchrun = job_directory({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "h", "MASTER_PORT": "7"})
     assert torchrun.name == "job-none-7"
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_reads_no_record_older_than_itself(tmp_path, monkeypatch):
+    """torchrun's default job id repeats: an earlier job's dead rank in the same directory is not this job's."""
+    from paraflow.reliability import last_words
+
+    earlier = subprocess.run(
+        [sys.executable, "-c", "import os, sys; from pathlib import Path; from paraflow.reliability.last_words "
+         "import LastWords; LastWords(Path(sys.argv[1]), 0, 2); os._exit(0)", str(tmp_path)],
+        timeout=90,
+    )  # fmt: skip
+    assert earlier.returncode == 0 and dead_ranks(tmp_path) == [0]
+    monkeypatch.setattr(last_words, "_current", object())
+    monkeypatch.setattr(last_words, "_started", time.time())
+    assert dead_ranks(tmp_path) == [] and report_dead_ranks(tmp_path, file=io.StringIO()) == []
