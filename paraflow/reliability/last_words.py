@@ -112,7 +112,12 @@ def job_directory(environ: Optional[dict] = None) -> Path:
             key = "-".join(environ[n] for n in names)
             break
     key = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:100]
-    return Path(tempfile.gettempdir()) / f"paraflow-{os.getuid()}" / f"job-{key}"
+    return _base() / f"job-{key}"
+
+
+def _base() -> Path:
+    """Where paraflow's own job directories go: one folder per user under the temporary directory."""
+    return Path(tempfile.gettempdir()) / f"paraflow-{os.getuid()}"
 
 
 class LastWords:
@@ -524,7 +529,7 @@ def start_last_words(backend: Any) -> tuple[Optional[RecordedActivity], Optional
     directory = job_directory()
     try:
         if backend.local_rank == 0:
-            prune(directory.parent)
+            prune(_base())
         last_words = LastWords(directory, backend.rank, backend.world_size)
     except OSError:
         return None, None
@@ -563,7 +568,7 @@ def end_last_words(activity: Optional[Activity], watch: Optional[LastWordsWatch]
 def new_job_directory() -> Path:
     """A fresh job directory for a launch paraflow starts (``paraflow run``, ``paraflow.launch``): its
     ranks get it as ``PARAFLOW_JOB_DIR``."""
-    base = Path(tempfile.gettempdir()) / f"paraflow-{os.getuid()}"
+    base = _base()
     base.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="job-launch-", dir=base))
 
@@ -583,8 +588,8 @@ STALE_S = 24 * 3600.0
 
 
 def prune(base: Path) -> None:
-    """Remove job directories under `base` left by jobs that ended a day ago or more (a crash keeps its
-    records for the launcher and the user to read)."""
+    """Remove paraflow's job directories under `base` (its own folder in the temporary directory) left
+    by jobs that ended a day ago or more (a crash keeps its records for the user to read)."""
     try:
         entries = list(base.iterdir())
     except OSError:
@@ -596,8 +601,9 @@ def prune(base: Path) -> None:
                 continue
             if any(_alive(rec["pid"]) for rec in _records(entry).values()):
                 continue
-            for path in entry.iterdir():
-                path.unlink()
-            entry.rmdir()
+            for path in entry.glob("rank*"):
+                if path.suffix in (".rec", ".fault", ".reported"):
+                    path.unlink()
+            entry.rmdir()  # fails, and keeps it, when anything else is inside
         except OSError:
             continue

@@ -1,6 +1,7 @@
 """The last-words record: written in one process, read by another after that process died."""
 
 import io
+import os
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from paraflow.reliability.last_words import (
     dead_ranks,
     fault_signal,
     job_directory,
+    prune,
     read_record,
     report_dead_ranks,
 )
@@ -133,3 +135,18 @@ def test_a_rank_reads_no_record_older_than_itself(tmp_path, monkeypatch):
     monkeypatch.setattr(last_words, "_current", object())
     monkeypatch.setattr(last_words, "_started", time.time())
     assert dead_ranks(tmp_path) == [] and report_dead_ranks(tmp_path, file=io.StringIO()) == []
+
+
+def test_old_job_directories_are_pruned_but_nothing_else(tmp_path):
+    made = {"job-old": ["rank0.fault", "rank0-7.reported"], "job-mixed": ["rank0.fault", "notes.txt"]}
+    for name, files in made.items():
+        (tmp_path / name).mkdir()
+        for file in files:
+            (tmp_path / name / file).write_text("x")
+    (tmp_path / "job-new").mkdir()
+    (tmp_path / "other").mkdir()
+    for name in ("job-old", "job-mixed", "other"):
+        os.utime(tmp_path / name, (time.time() - 2 * 86400, time.time() - 2 * 86400))
+    prune(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job-mixed", "job-new", "other"]
+    assert sorted(p.name for p in (tmp_path / "job-mixed").iterdir()) == ["notes.txt"]
