@@ -20,6 +20,7 @@ summary, would otherwise be the job's last words, naming the lost rank but not w
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import time
@@ -94,7 +95,8 @@ def abort_mpi_job_on_uncaught_error(mpi_launcher: bool = True, grace: float = PE
         sys.stderr.flush()
         # At once (the launcher may end this process during the wait below), after the peers whose
         # library is aborting them right now (this error may be what their end did to this rank).
-        report_dead_ranks(job_directory(), settle=LAST_WORDS_SETTLE_S)
+        with contextlib.suppress(Exception):  # never in the way of the traceback
+            report_dead_ranks(job_directory(), settle=LAST_WORDS_SETTLE_S)
         if lost_a_peer(value):
             time.sleep(grace)  # the launcher sees the rank that failed first, and ends this one meanwhile
         previous(kind, value, traceback)
