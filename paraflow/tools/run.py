@@ -27,7 +27,7 @@ from ..environment.launchers import launcher_tools, launcher_variables
 from ..environment.mpi_library import MPI_YIELD
 from ..errors import ConfigurationError, ParaflowError
 from ..reliability.last_words import JOB_DIR_ENV, job_ended, new_job_directory
-from .flags import deprecated_alias
+from .flags import renamed
 from .launch import find_tool, kill_descendants, launch_command, run_launch
 
 __all__ = ["add_arguments", "run_from_args", "plan_run", "RunPlan"]
@@ -189,7 +189,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds the whole job may run before every process is killed (default: no limit)",
     )
-    deprecated_alias(parser, "--timeout", "--job-timeout")
+    renamed(parser, "--timeout", use="--job-timeout")
     parser.add_argument("--dry-run", action="store_true", help="print the command(s) and exit")
     parser.add_argument("script", help="the Python file to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
