@@ -12,14 +12,20 @@ processes keeps, from ``init`` on, two files in a job directory on local disk
   memory stores into the mapping (no system call); the kernel keeps the pages after the process
   dies, so the other ranks on the host read where it was.
 - ``rank<R>.fault``: where :mod:`faulthandler` writes, from its signal-safe C handler, the fatal
-  signal and every thread's Python stack.
+  signal and every thread's Python stack (and, on SIGTERM, the stacks alone: a rank the launcher
+  ended is not the one that died).
+
+A public collective the script calls costs one small store on entry and one byte on exit; a
+collective made inside another paraflow call (save's allgathers) also records the code that made
+it and its tensor's size, so ranks in different collectives of one call tell apart.
 
 A thread of each rank (:class:`LastWordsWatch`) waits on the other local ranks' process
 descriptors (``pidfd``); when one ends without passing through Python's exit, the first rank to
 see it prints one line on stderr::
 
     paraflow: rank 0 of 2 died (SIGABRT) in save at train.py:52, in allgather as collective #6
-    (object_collectives.py:40); rank 1 was elsewhere: in allgather as collective #6 at train.py:40
+    (object_collectives.py:40, 1 int64); rank 1 was elsewhere: in save at train.py:52, in allgather
+    as collective #6 (object_collectives.py:44, 7826 uint8). Its Python stacks: .../rank0.fault.
 
 A survivor's error for the lost peer carries the same sentence (:func:`dead_peers_text`), and so do
 ``paraflow run`` and ``paraflow.launch`` when the job ended with a dead rank (they choose the job
@@ -94,7 +100,7 @@ _SIGNALS = {
     "Floating point exception": "SIGFPE",
     "Illegal instruction": "SIGILL",
 }
-#: Paraflow calls that wrap several collectives (a collective inside them names its own caller).
+#: The public collectives (any other paraflow call, such as save, may make several of them).
 _COLLECTIVES = frozenset({"allreduce", "broadcast", "allgather", "barrier"})
 _OWN_MODULES = frozenset({__name__, "paraflow.reliability.activity", "paraflow.core.collectives"})
 
