@@ -26,6 +26,7 @@ from ..core.placement import cores
 from ..environment.launchers import launcher_tools, launcher_variables
 from ..environment.mpi_library import MPI_YIELD
 from ..errors import ConfigurationError, ParaflowError
+from ..reliability.last_words import JOB_DIR_ENV, job_ended, new_job_directory
 from .flags import renamed
 from .launch import find_tool, kill_descendants, launch_command, run_launch
 
@@ -219,7 +220,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     if removed:
         print(f"paraflow run: not passing on the parent job's {', '.join(removed)}", file=sys.stderr)
     print(f"paraflow run: {plan.shown(argv)}", flush=True)
-    return _execute(argv, plan.env, args.job_timeout)
+    records = new_job_directory()  # where the ranks on this host keep their last words
+    code = _execute(argv, {**plan.env, JOB_DIR_ENV: str(records)}, args.job_timeout)
+    job_ended(records)
+    return code
 
 
 def _command_for_this_host(plan: RunPlan, node_rank: Optional[int]) -> list:
