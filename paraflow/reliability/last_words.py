@@ -428,17 +428,25 @@ def dead_peers_text(directory: Optional[Path] = None) -> str:
     return " ".join(lines)
 
 
-def report_dead_ranks(directory: Path, file: Any = None, once: bool = True, settle: float = 0.0) -> list[int]:
+def report_dead_ranks(
+    directory: Path, file: Any = None, once: bool = True, settle: float = 0.0, in_collectives: bool = False
+) -> list[int]:
     """Print the line of each dead rank of `directory` on `file` (stderr); with `once`, only the
     first caller in the job prints a given rank's line. Returns the ranks printed.
 
     `settle`: seconds to wait for ranks that are dying (faulthandler has written their fault file,
-    the process is not gone yet), so that a rank leaving on an error it got from a dying peer reports it.
+    the process is not gone yet), so that a rank leaving on an error it got from a dying peer reports it;
+    with `in_collectives`, also for other ranks still inside a collective: a mismatched collective can
+    hand this rank a wrong result a moment before the library aborts the peer that made it.
     """
     deadline = time.monotonic() + settle
-    while time.monotonic() < deadline and any(
-        not rec["ended"] and _alive(rec["pid"]) and fault_signal(directory, r) for r, rec in _records(directory).items()
-    ):
+
+    def dying(rank: int, record: dict) -> bool:
+        if record["ended"] or record["pid"] == os.getpid() or not _alive(record["pid"]):
+            return False
+        return bool(fault_signal(directory, rank)) or (in_collectives and record["inside"])
+
+    while time.monotonic() < deadline and any(dying(r, rec) for r, rec in _records(directory).items()):
         time.sleep(0.05)
     records = _records(directory)
     printed = []

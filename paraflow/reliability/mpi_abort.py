@@ -96,7 +96,7 @@ def abort_mpi_job_on_uncaught_error(mpi_launcher: bool = True, grace: float = PE
         # At once (the launcher may end this process during the wait below), after the peers whose
         # library is aborting them right now (this error may be what their end did to this rank).
         with contextlib.suppress(Exception):  # never in the way of the traceback
-            report_dead_ranks(job_directory(), settle=LAST_WORDS_SETTLE_S)
+            report_dead_ranks(job_directory(), settle=LAST_WORDS_SETTLE_S, in_collectives=True)
         if lost_a_peer(value):
             time.sleep(grace)  # the launcher sees the rank that failed first, and ends this one meanwhile
         previous(kind, value, traceback)
