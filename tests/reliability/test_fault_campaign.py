@@ -256,10 +256,11 @@ def reference(backend: str, launcher: str, root: Path) -> Reference:
 
 
 # ---------------------------------------------------------------------------- the judgements
-_LAUNCHER_PREFIX = re.compile(r"^\[\d+(?:,\d+)?\]<std(?:out|err)>:")
+#: What launchers put before a rank's line: horovodrun's ``[1]<stderr>:``, torchrun's ``[rank1]: ``.
+_LAUNCHER_PREFIX = re.compile(r"^(?:\[\d+(?:,\d+)?\]<std(?:out|err)>:|\[rank\d+\]: ?)")
 _ERROR = re.compile(r"^\s*paraflow\.errors\.\w+: (.*)$")
 _LAST_WORDS = re.compile(r"^paraflow: (.*)$")
-_REPORT_RANKS = re.compile(r"^  ranks? ([\d, ]+): ")
+_REPORT_RANKS = re.compile(r"^  ranks? (\d+(?:, \d+)*): ")
 _SPEAKER = re.compile(r"\bon rank \d+ of \d+|^rank \d+: ")
 
 
@@ -274,12 +275,17 @@ def mentions(text: str, rank: int) -> bool:
 def paraflow_lines(output: str) -> tuple[list[str], list[str], list[list[str]]]:
     """paraflow's own lines in `output`: error messages, ``paraflow:`` lines, stall reports (as lines)."""
     errors, words, reports = [], [], []
+    report = None  # the stall report whose indented lines are being read
     for raw in output.splitlines():
         line = _LAUNCHER_PREFIX.sub("", raw)
+        if report is not None and line.startswith("  "):
+            if _REPORT_RANKS.match(line):
+                report.append(line)
+            continue
+        report = None
         if line.startswith("paraflow stall:"):
-            reports.append([line])
-        elif line.startswith("  ") and reports and _REPORT_RANKS.match(line):
-            reports[-1].append(line)
+            report = [line]
+            reports.append(report)
         elif _ERROR.match(line):
             errors.append(_ERROR.match(line).group(1))
         elif _LAST_WORDS.match(line):
@@ -440,6 +446,8 @@ _STALL = [
         ("__main__.InjectedFailure: injected failure on rank 1\n  rank       : 1 (local_rank: 1)", []),
         ('EVENT {"message": "allreduce on rank 0 of 2: rank 1 did not join"}', []),
         ("paraflow: ddp-gloo over gloo, 2 processes, launcher torchrun, cpu, 1 thread each", []),
+        ("[rank0]: " + _TIMEOUT_LINE, [1]),
+        (_STALL[0] + "\n  ranks 0, 1: in allreduce\nother output\n  rank       : 1 (local_rank: 1)", []),
     ],
     ids=[
         "timeout-error",
@@ -454,6 +462,8 @@ _STALL = [
         "the-scripts-exception-and-torchruns-summary",
         "the-workers-event-line",
         "the-banner",
+        "torchruns-rank-prefix",
+        "a-report-ends-at-the-first-line-not-indented",
     ],
 )
 def test_what_counts_as_paraflow_naming_a_rank(output, named):
