@@ -24,12 +24,15 @@ Each injection is judged on every point, and fails with one line per point that 
     exception, holds one of:
 
     - an exception of paraflow's (a line ``paraflow.errors.<Name>: <message>``) whose message
-      mentions ``rank R`` (or R in a list of ranks) once the speaking rank's own ``on rank N of W``
-      is taken out;
+      mentions ``rank R`` (or R in a list of ranks) once the speaking rank's own ``on rank N [of W]``
+      and a broadcast's ``from rank N`` are taken out;
     - a ``paraflow:`` line (paraflow's last words) mentioning ``rank R``, once a leading speaker
       ``paraflow: rank N:`` is taken out (``paraflow: rank 1 of 2 left the job ...`` names rank 1);
-    - a ``paraflow stall:`` report whose rank lines do not put every rank in one group and one of
-      whose rank lines is R's (``rank R: in ...`` or ``rank R: no record``).
+    - a ``paraflow stall:`` report whose rank lines (the indented ``rank R: ...`` lines right after
+      its header) do not put every rank in one group, and one of them is R's (``rank R: in ...``,
+      ``rank R: no record``).
+
+    Naming other ranks as well does not fail the point.
 (c) *no process left*: once the launcher has exited, no process of the job (found by a marker in
     its environment, tests/reliability/leftovers.py) is alive 5 s later. A rank stopped by SIGSTOP
     counts only when the launcher left it; the test kills every process it finds either way.
@@ -261,7 +264,8 @@ _LAUNCHER_PREFIX = re.compile(r"^(?:\[\d+(?:,\d+)?\]<std(?:out|err)>:|\[rank\d+\
 _ERROR = re.compile(r"^\s*paraflow\.errors\.\w+: (.*)$")
 _LAST_WORDS = re.compile(r"^paraflow: (.*)$")
 _REPORT_RANKS = re.compile(r"^  ranks? (\d+(?:, \d+)*): ")
-_SPEAKER = re.compile(r"\bon rank \d+ of \d+|^rank \d+: ")
+#: How a line names the rank that speaks (or a broadcast's source), which is not naming a rank at fault.
+_SPEAKER = re.compile(r"\b(?:on|from) rank \d+(?: of \d+)?\b|^rank \d+: ")
 
 
 def mentions(text: str, rank: int) -> bool:
@@ -447,6 +451,7 @@ _STALL = [
         ('EVENT {"message": "allreduce on rank 0 of 2: rank 1 did not join"}', []),
         ("paraflow: ddp-gloo over gloo, 2 processes, launcher torchrun, cpu, 1 thread each", []),
         ("[rank0]: " + _TIMEOUT_LINE, [1]),
+        ("paraflow.errors.CollectiveError: horovod broadcast from rank 0 of a tensor failed on rank 0: Mismatched", []),
         (_STALL[0] + "\n  ranks 0, 1: in allreduce\nother output\n  rank       : 1 (local_rank: 1)", []),
     ],
     ids=[
@@ -463,6 +468,7 @@ _STALL = [
         "the-workers-event-line",
         "the-banner",
         "torchruns-rank-prefix",
+        "a-broadcasts-source-and-the-speaker",
         "a-report-ends-at-the-first-line-not-indented",
     ],
 )
