@@ -36,7 +36,7 @@ from paraflow.errors import ConfigurationError
 from paraflow.examples.data import DATASETS, load_dataset
 from paraflow.examples.models import MODELS, build_model
 from paraflow.examples.record import RunRecord
-from paraflow.tools.flags import deprecated_alias
+from paraflow.tools.flags import renamed
 from paraflow.training.precision import PRECISIONS
 
 
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-steps", type=int, default=0, metavar="N", help="stop after N optimizer steps in all (0: no limit)"
     )
-    deprecated_alias(p, "--steps", "--max-steps")
+    renamed(p, "--steps", use="--max-steps")
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the data order and the synthetic data")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .tools.flags import deprecated_flag
+from .tools.flags import renamed
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -17,13 +17,10 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    if getattr(args, "check_command", None) == "comm" or args.legacy_comm:
+    if getattr(args, "check_command", None) == "comm":
         from .tools.comm_check import run_from_args as comm_check
 
         return comm_check(args)
-    if args.nprocs is not None or args.backend or args.wait_timeout is not None:
-        print("paraflow check: -n, --backend and --wait-timeout go with `paraflow check comm`.", file=sys.stderr)
-        return 2
     from .tools.check import main as check_main
 
     return check_main(as_json=args.json, json_dir=args.json_dir)
@@ -58,15 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="write each process's JSON report to DIR/rank<R>.json (lines printed at once by several "
         "processes can interleave as a launcher forwards them)",
     )
-    # `check --comm -n N --backend B --timeout S`, the old spelling of `check comm`.
-    deprecated_flag(check, "--comm", use="paraflow check comm", kind="const", dest="legacy_comm", default=False)
-    deprecated_flag(check, "-n", "--nprocs", use="paraflow check comm -n", type=int, dest="nprocs", default=None)
-    deprecated_flag(
-        check, "--backend", use="paraflow check comm --backend", kind="append", dest="backend", default=None
-    )
-    deprecated_flag(
-        check, "--timeout", use="paraflow check comm --wait-timeout", type=float, dest="wait_timeout", default=None
-    )
+    # The old spelling of `check comm`: `check --comm -n N --backend B --timeout S`.
+    renamed(check, "--comm", use="paraflow check comm")
+    renamed(check, "-n", "--nprocs", use="paraflow check comm -n")
+    renamed(check, "--backend", use="paraflow check comm --backend")
+    renamed(check, "--timeout", use="paraflow check comm --wait-timeout")
     check.set_defaults(func=_check, check_command=None)
     check_sub = check.add_subparsers(dest="check_command", metavar="{comm}")
     from .tools.comm_check import add_arguments as add_comm_arguments

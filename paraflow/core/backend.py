@@ -17,6 +17,7 @@ from ..environment.mpi_library import apply_mpi_yield
 from ..errors import BackendUnavailableError, NotInitializedError
 from ..reliability.activity import attach_markers, attach_step_marker
 from ..reliability.collective_check import debug_enabled
+from ..reliability.last_words import LastWordsWatch, end_last_words, start_last_words
 from ..reliability.mpi_abort import abort_mpi_job_on_uncaught_error, leave_job_on_exit
 from ..reliability.stall import DEFAULT_STALL_S, STALL_ENV, StallWatch, start_stall_watch
 from ..reliability.translation import translate_escaped_error
@@ -125,6 +126,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self.stall_threshold = seconds_option("stall_threshold", stall_threshold, STALL_ENV, DEFAULT_STALL_S, True)
         self.check_collectives = debug_enabled() if check_collectives is None else bool(check_collectives)
         self._stall: Optional[StallWatch] = None
+        self._last_words: Optional[LastWordsWatch] = None
         self._micro_batches = 0
         self._optimizer_refs: list = []  # weak references to what wrap_optimizer returned
         self._scalers: weakref.WeakSet = weakref.WeakSet()  # enabled scalers grad_scaler() made
@@ -165,7 +167,8 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self._init()
         self._connected = True
         try:
-            self._activity, self._stall = start_stall_watch(self)
+            recorded, self._last_words = start_last_words(self) if self.world_size > 1 else (None, None)
+            self._activity, self._stall = start_stall_watch(self, recorded)
         except BaseException:
             self._connected = False
             self._shutdown()
@@ -186,6 +189,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
             clear_current(self)
             if self._stall is not None:
                 self._stall.stop()
+            end_last_words(self._activity, self._last_words, clean=not self._leaving_on_error)
             self._shutdown()
 
     def __enter__(self) -> Backend:

@@ -84,6 +84,8 @@ class Collectives:
                     check_same_call(self, self.collective_count, collective, tensor, argument, site)
             return run()
         except RuntimeError as exc:
+            if activity is not None:
+                activity.failed()
             raise_translated(self, collective, exc, started)
             raise
         finally:

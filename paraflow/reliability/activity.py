@@ -115,6 +115,9 @@ class Activity:
         self.enter(name)
         try:
             yield
+        except BaseException:
+            self.failed()
+            raise
         finally:
             self.leave(name)
 
@@ -130,6 +133,9 @@ class Activity:
         self._depth -= 1
         if self._depth == 0:
             self.state = _state(("idle", self.state.site, self.step, time.monotonic(), False, name, None))
+
+    def failed(self) -> None:
+        """The current paraflow call failed (its error is on the way out); a subclass may keep the record."""
 
     def forward_started(self, training: bool, site: str) -> None:
         """A forward pass of the wrapped model begins at `site`; with gradients, it starts a new step."""

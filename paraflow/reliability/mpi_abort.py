@@ -20,18 +20,22 @@ summary, would otherwise be the job's last words, naming the lost rank but not w
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import time
 from typing import Optional
 
 from ..errors import CollectiveError, CollectiveTimeoutError
+from .last_words import job_directory, mark_ended, report_dead_ranks
 from .translation import is_peer_lost, is_timeout
 
 __all__ = ["abort_mpi_job_on_uncaught_error", "leave_job_on_exit", "end_job", "lost_a_peer", "PEER_LOST_GRACE_S"]
 
 #: Longest a rank that lost a peer waits for the launcher to report the rank that failed first.
 PEER_LOST_GRACE_S = 10.0
+#: Longest a rank leaving on an error waits for a dying peer's process to end, to report it.
+LAST_WORDS_SETTLE_S = 2.0
 
 
 def _mpi():
@@ -49,6 +53,7 @@ def end_job(code: int) -> None:
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    mark_ended()
     mpi = _mpi()
     if mpi is not None:
         mpi.COMM_WORLD.Abort(code)
@@ -88,6 +93,10 @@ def abort_mpi_job_on_uncaught_error(mpi_launcher: bool = True, grace: float = PE
     def excepthook(kind, value, traceback) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
+        # At once (the launcher may end this process during the wait below), after the peers whose
+        # library is aborting them right now (this error may be what their end did to this rank).
+        with contextlib.suppress(Exception):  # never in the way of the traceback
+            report_dead_ranks(job_directory(), settle=LAST_WORDS_SETTLE_S)
         if lost_a_peer(value):
             time.sleep(grace)  # the launcher sees the rank that failed first, and ends this one meanwhile
         previous(kind, value, traceback)
@@ -95,6 +104,7 @@ def abort_mpi_job_on_uncaught_error(mpi_launcher: bool = True, grace: float = PE
         sys.stderr.flush()
         mpi = _mpi() if mpi_launcher else None
         if mpi is not None:
+            mark_ended()
             mpi.COMM_WORLD.Abort(1)
 
     excepthook.paraflow_aborts_mpi = True
@@ -120,6 +130,7 @@ def leave_job_on_exit(exc: BaseException, rank: int, world_size: int) -> None:
         )
         sys.stderr.flush()
         if mpi is not None:
+            mark_ended()
             mpi.COMM_WORLD.Abort(code)
 
     atexit.register(leave)

@@ -42,11 +42,14 @@ STALL_ENV = "PARAFLOW_STALL_THRESHOLD"
 DEFAULT_STALL_S = 30.0
 
 
-def start_stall_watch(backend: Any) -> tuple[Optional[Activity], Optional[StallWatch]]:
-    """A multi-process backend's activity record and, unless turned off, its running watchdog."""
+def start_stall_watch(
+    backend: Any, activity: Optional[Activity] = None
+) -> tuple[Optional[Activity], Optional[StallWatch]]:
+    """A multi-process backend's activity record (`activity`, or a new one) and, unless turned off,
+    its running watchdog."""
     if backend.world_size == 1:
         return None, None
-    activity = Activity()
+    activity = activity or Activity()
     if backend.stall_threshold <= 0:
         return activity, None
     opener = open_store(backend)

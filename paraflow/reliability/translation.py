@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from ..errors import CollectiveError, CollectiveTimeoutError, LauncherError, ParaflowError
+from .last_words import dead_peers_text
 from .stall import stall_facts
 
 __all__ = [
@@ -64,6 +65,15 @@ def _first_line(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _last_words() -> str:
+    """What the records of ranks that died on this host say (paraflow.reliability.last_words), or ''."""
+    try:
+        text = dead_peers_text()
+    except Exception:  # noqa: BLE001 - the error itself matters more than these words
+        return ""
+    return f" {text}" if text else ""
+
+
 def translate_collective_error(
     exc: BaseException,
     *,
@@ -109,7 +119,7 @@ def translate_collective_error(
         translated = CollectiveError(
             f"{where} failed: the connection to {peer} was lost, so that rank exited or crashed. "
             f"Its own error, or the launcher's summary of failed ranks, says why. "
-            f"[{type(exc).__name__}: {cause}]"
+            f"[{type(exc).__name__}: {cause}]" + _last_words()
         )
     if translated is not None:
         translated.original = exc

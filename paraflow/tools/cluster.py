@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import ParaflowError
-from .flags import deprecated_alias
+from .flags import renamed
 from .launch import HostCommand, LaunchResult, host_commands, kill_tree, start_group
 
 __all__ = [
@@ -538,7 +538,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="create hosts node0..nodeN-1 as network namespaces joined by a switch")
     up.add_argument("--nodes", type=int, default=2, metavar="N", help="number of hosts, node0..nodeN-1 (default 2)")
-    deprecated_alias(up, "--hosts", "--nodes")
+    renamed(up, "--hosts", use="--nodes")
     up.add_argument("--bandwidth", default=None, help="rate of each host link, both directions (1gbit, 100mbit)")
     up.add_argument(
         "--tcp-retries2",

@@ -28,7 +28,7 @@ from typing import Any, Optional, TextIO
 
 from ..environment.rendezvous import interface_address
 from ..errors import LauncherError, ParaflowError
-from .flags import deprecated_alias
+from .flags import renamed
 from .spawn import run_workers
 
 __all__ = ["add_arguments", "run_checks", "run_from_args", "render", "check_rank", "COLLECTIVES"]
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"seconds to wait for the ranks to arrive and for each collective (default {DEFAULT_TIMEOUT:g})",
     )
-    deprecated_alias(parser, "--timeout", "--wait-timeout")
+    renamed(parser, "--timeout", use="--wait-timeout")
     parser.add_argument("--json", action="store_true", help="print every result as one line of JSON")
     return parser
 

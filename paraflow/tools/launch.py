@@ -1,7 +1,9 @@
 """Build and run launcher command lines: torchrun, mpirun, horovodrun, srun, plain python.
 
 Used by ``paraflow run``, the benchmarks and the tests; a run that ends, times out or is
-interrupted takes its whole process group down with it, so a hung rank never outlives its launch.
+interrupted takes its whole process group down with it, so a hung rank never outlives its launch,
+and a stopped rank that its launcher has asked to end is killed at once, not after the
+launcher's grace (:func:`end_stopped`).
 
 :func:`host_commands` builds the commands that start one job across several hosts, for each
 launcher, as its documentation says:
@@ -44,6 +46,7 @@ __all__ = [
     "LaunchResult",
     "kill_tree",
     "kill_descendants",
+    "end_stopped",
     "mpirun_prefix",
     "HostCommand",
     "host_commands",
@@ -51,6 +54,8 @@ __all__ = [
     "OOB_KEEPALIVE",
 ]
 
+#: How often a running launch looks for stopped processes its launcher has asked to end (seconds).
+WATCH_INTERVAL_S = 0.5
 HOROVODRUN_HINT = "install horovod: `make install` or scripts/build_horovod.sh"
 SRUN_HINT = "srun comes with SLURM: run inside an allocation (`salloc -n N`) on a SLURM cluster"
 
@@ -211,14 +216,16 @@ def run_launch(
 
     `env` is added to this process's environment; a key whose value is None is removed.
     `capture=False` lets the output through to this process's own (stdout and stderr of the
-    result are then empty); `timeout=None` waits for as long as the command runs.
+    result are then empty); `timeout=None` waits for as long as the command runs. Meanwhile a
+    process of the launch that is stopped and has been sent SIGTERM is killed at once
+    (:func:`end_stopped`).
     """
     start = time.monotonic()
     pipe = subprocess.PIPE if capture else None
     proc = start_group(command, env, cwd, stdout=pipe, stderr=pipe)
     timed_out = False
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = _communicate_watching(proc, None if timeout is None else start + timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         kill_tree(proc.pid)  # torchrun starts each worker in a session of its own
@@ -235,26 +242,86 @@ def run_launch(
     return LaunchResult(list(command), proc.returncode, out or "", err or "", time.monotonic() - start, timed_out)
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of `pid`, whatever its session (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
+def _communicate_watching(proc: subprocess.Popen, deadline: Optional[float]) -> tuple:
+    """``proc.communicate()`` until the monotonic `deadline` (None: none), ending stopped processes on the way.
+
+    Raises:
+        subprocess.TimeoutExpired: `proc` still runs at `deadline`.
+    """
+    while True:
+        step = WATCH_INTERVAL_S if deadline is None else max(0.0, min(WATCH_INTERVAL_S, deadline - time.monotonic()))
+        try:
+            return proc.communicate(timeout=step)
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+            end_stopped(proc.pid)
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """Every process's (parent pid, state letter), from /proc (Linux; empty elsewhere)."""
+    table = {}
     try:
         entries = [e for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
-        return []
+        return table
     for entry in entries:
         try:
             with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
         except (OSError, ValueError, IndexError):
             continue
-        children.setdefault(ppid, []).append(int(entry))
+        table[int(entry)] = (int(ppid), state)
+    return table
+
+
+def _descendants(pid: int, table: Optional[dict] = None) -> list[int]:
+    """Every live descendant of `pid`, whatever its session (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for child, (ppid, _) in (_process_table() if table is None else table).items():
+        children.setdefault(ppid, []).append(child)
     found, stack = [], [pid]
     while stack:
         for child in children.get(stack.pop(), []):
             found.append(child)
             stack.append(child)
     return found
+
+
+def _pending(pid: int) -> int:
+    """The signals waiting for process `pid` (its main thread's and the whole process's); 0 if unknown."""
+    mask = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("SigPnd:", "ShdPnd:")):
+                    mask |= int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        return 0
+    return mask
+
+
+def end_stopped(pid: int) -> list[int]:
+    """SIGKILL every descendant of `pid` that is stopped with a SIGTERM waiting; return their pids.
+
+    When a rank fails, the launcher ends the others with SIGTERM and, after a grace of its own,
+    SIGKILL (torchrun's agent 30 s; horovodrun 5 s for the rank, then 5 s more for the shell
+    around it). A stopped process (SIGSTOP, a debugger) cannot act on SIGTERM until it is continued,
+    so it would hold the job for that whole grace; this gives it the SIGKILL at once. Processes
+    that are not stopped, or that no one asked to end, are left alone.
+    """
+    table = _process_table()
+    stopped = [
+        child
+        for child in _descendants(pid, table)
+        if table[child][1] in "Tt" and _pending(child) & (1 << (signal.SIGTERM - 1))
+    ]
+    for victim in stopped:  # the process alone: its group may hold its launcher
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return stopped
 
 
 def kill_tree(pid: int) -> None:

@@ -26,7 +26,8 @@ from ..core.placement import cores
 from ..environment.launchers import launcher_tools, launcher_variables
 from ..environment.mpi_library import MPI_YIELD
 from ..errors import ConfigurationError, ParaflowError
-from .flags import deprecated_alias
+from ..reliability.last_words import JOB_DIR_ENV, job_ended, new_job_directory
+from .flags import renamed
 from .launch import find_tool, kill_descendants, launch_command, run_launch
 
 __all__ = ["add_arguments", "run_from_args", "plan_run", "RunPlan"]
@@ -188,7 +189,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds the whole job may run before every process is killed (default: no limit)",
     )
-    deprecated_alias(parser, "--timeout", "--job-timeout")
+    renamed(parser, "--timeout", use="--job-timeout")
     parser.add_argument("--dry-run", action="store_true", help="print the command(s) and exit")
     parser.add_argument("script", help="the Python file to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -219,7 +220,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     if removed:
         print(f"paraflow run: not passing on the parent job's {', '.join(removed)}", file=sys.stderr)
     print(f"paraflow run: {plan.shown(argv)}", flush=True)
-    return _execute(argv, plan.env, args.job_timeout)
+    records = new_job_directory()  # where the ranks on this host keep their last words
+    code = _execute(argv, {**plan.env, JOB_DIR_ENV: str(records)}, args.job_timeout)
+    job_ended(records)
+    return code
 
 
 def _command_for_this_host(plan: RunPlan, node_rank: Optional[int]) -> list:

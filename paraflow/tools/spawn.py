@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 
 from ..environment.launchers import free_port, launcher_variables
 from ..errors import ConfigurationError, LaunchTimeoutError, MissingDependencyError, RankFailedError
+from ..reliability.last_words import JOB_DIR_ENV, job_ended, mark_ended, new_job_directory, report_dead_ranks
 from .launch import kill_group, kill_tree
 
 __all__ = ["launch", "run_workers", "RankOutcome", "DEFAULT_TIME_LIMIT", "call_in_backend"]
@@ -160,6 +161,8 @@ def run_workers(
         ) from None
     workdir = Path(tempfile.mkdtemp(prefix="paraflow-launch-"))
     procs: list[subprocess.Popen] = []
+    records: Optional[Path] = None
+    dead: list = []
     readers: list[threading.Thread] = []
     outcomes = [RankOutcome(rank) for rank in range(nprocs)]
     try:
@@ -176,8 +179,9 @@ def run_workers(
         port = free_port("127.0.0.1")
         sinks = (sys.stdout, sys.stderr) if stream else (None, None)
         lock = threading.Lock()
+        records = new_job_directory()  # where the ranks keep their last words
         for rank in range(nprocs):
-            env = _worker_env(rank, nprocs, port, (rank_env or {}).get(rank, {}))
+            env = {**_worker_env(rank, nprocs, port, (rank_env or {}).get(rank, {})), JOB_DIR_ENV: str(records)}
             proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", "paraflow.tools.spawn", str(workdir)],
                 stdin=subprocess.DEVNULL,
@@ -192,6 +196,7 @@ def run_workers(
                 thread.start()
                 readers.append(thread)
         _wait(procs, outcomes, workdir, time_limit, stop_on_failure)
+        dead = report_dead_ranks(records, once=False)  # before the ranks still running are stopped
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -201,6 +206,8 @@ def run_workers(
         for thread in readers:
             thread.join(timeout=5)
         shutil.rmtree(workdir, ignore_errors=True)
+        if records is not None:
+            job_ended(records, dead)
     return outcomes
 
 
@@ -422,6 +429,7 @@ def main(argv: Optional[list] = None) -> None:
     if record[0] == "error":
         sys.stdout.flush()
         sys.stderr.flush()
+        mark_ended()  # its error is reported: the last words must not count it as died
         os._exit(1)  # no shutdown, no atexit: a backend whose peers are gone could wait for them
 
 

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from paraflow.bench.driver.cli import add_arguments, config_from_args, split_models
+from paraflow.bench.driver.cli import RENAMED, add_arguments, config_from_args, split_models
 from paraflow.errors import ConfigurationError
 
 
@@ -47,32 +47,12 @@ def test_script_arguments_after_the_double_dash_stay_the_scripts():
         config_from_args(parse("--", "--epochs", "3"))
 
 
-@pytest.mark.parametrize(
-    "old, new",
-    [
-        (["--backends", "ddp-gloo,horovod"], ["--backend", "ddp-gloo,horovod"]),
-        (["--launchers", "mpirun"], ["--launcher", "mpirun"]),
-        (["--models", "mlp:width=16", "cnn"], ["--model", "mlp:width=16,cnn"]),
-        (["--compare", "A", "B"], ["compare", "A", "B"]),
-        (["--project-only", "R"], ["project", "R"]),
-        (["--steps", "7"], ["--window-steps", "7"]),
-        (["--timeout", "9"], ["--launch-timeout", "9"]),
-        (["--cluster", "2"], ["--nodes", "2"]),
-    ],
-)
-def test_old_spellings_work_and_print_the_new_one(old, new, capsys):
-    keys = ("backend", "launcher", "model", "mode", "runs", "run", "steps", "timeout", "cluster")
-    got = {k: getattr(parse(*old), k, None) for k in keys}
-    assert "deprecated" in capsys.readouterr().err
-    want = {k: getattr(parse(*new), k, None) for k in keys}
-    assert got == want
-
-
-def test_deprecation_note_names_the_new_spelling(capsys):
-    parse("--backends", "single")
-    assert "use --backend" in capsys.readouterr().err
-    parse("--compare", "A", "B")
-    assert "use compare RUN_A RUN_B" in capsys.readouterr().err
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_an_old_spelling_is_an_error_naming_the_new_one(old, capsys):
+    with pytest.raises(SystemExit) as ended:
+        parse(old, "A", "B")
+    assert ended.value.code == 2
+    assert f"{old} was renamed: use {RENAMED[old]}" in capsys.readouterr().err
 
 
 def test_every_flag_has_help():

@@ -1,9 +1,10 @@
 """A stopped rank ends the job within paraflow's timeout plus 10 s under `paraflow run` with
-mpirun and under `paraflow.launch`.
+each launcher it starts on one host (mpirun, torchrun, horovodrun) and under `paraflow.launch`.
 
-Rank 1 SIGSTOPs itself (paraflow timeout 10 s); nothing here wakes or kills it: the launcher or
-`paraflow.launch` must end the whole job, the stopped process included, in time. torchrun's agent
-and horovodrun wait longer before their SIGKILL (docs/reliability.md says how long).
+Rank 1 SIGSTOPs itself (paraflow timeout 10 s); nothing here wakes or kills it: the launcher,
+`paraflow run` or `paraflow.launch` must end the whole job, the stopped process included, in
+time. torchrun's agent and horovodrun would wait out their own grace before their SIGKILL;
+`paraflow run` kills a stopped process as soon as its launcher has sent it SIGTERM.
 """
 
 import os
@@ -54,6 +55,8 @@ def run_and_time_the_end(command: list, directory: Path, env: dict):
     "backend, launcher, phase",
     [
         pytest.param("horovod", "mpirun", "wrap_model", id="horovod-mpirun", marks=requires_horovod),
+        pytest.param("ddp-gloo", "torchrun", "wrap_model", id="ddp-gloo-torchrun"),
+        pytest.param("horovod", "horovodrun", "wrap_model", id="horovod-horovodrun", marks=requires_horovod),
     ],
 )
 def test_paraflow_run_ends_a_job_with_a_stopped_rank_within_the_timeout_plus_10_s(

@@ -4,7 +4,7 @@ The vocabulary: ``--backend`` and ``--launcher`` (repeatable or a comma list whe
 allowed), ``-n/--nprocs`` for the total number of processes, ``--hosts`` for a host list
 (``h1:4,h2:4``) and ``--nodes`` for a count of hosts, timeouts named for what they bound
 (``--job-timeout``, ``--wait-timeout``; never a bare ``--timeout``), ``--max-steps`` for
-"stop after", and help on every flag. Old spellings stay as deprecated aliases for one release;
+"stop after", and help on every flag. Renamed old spellings are errors naming the new one;
 they are left out here.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from paraflow.cli import build_parser
-from paraflow.tools.flags import DeprecatedAction, deprecated_alias
+from paraflow.tools.flags import RenamedFlag, renamed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,18 +51,18 @@ def all_parsers() -> dict:
 PARSERS = all_parsers()
 
 
-def is_deprecated(action: argparse.Action) -> bool:
-    """An old spelling kept for one release (paraflow.tools.flags, or an action of that name)."""
-    return isinstance(action, DeprecatedAction) or type(action).__name__.lstrip("_").startswith("Deprecated")
+def is_renamed(action: argparse.Action) -> bool:
+    """An old spelling that now only names the new one."""
+    return isinstance(action, RenamedFlag)
 
 
 def live_options(parser: argparse.ArgumentParser) -> list:
-    """The parser's options, deprecated aliases and help left out."""
+    """The parser's options, renamed spellings and help left out."""
     return [
         action
         for action in parser._actions
         if action.option_strings
-        and not is_deprecated(action)
+        and not is_renamed(action)
         and not isinstance(action, (argparse._HelpAction, argparse._VersionAction))
     ]
 
@@ -109,19 +109,23 @@ def test_the_vocabulary_check_can_fail():
     assert len(vocabulary_problems(parser)) == 5
 
 
-def test_a_deprecated_alias_is_left_out_of_the_vocabulary_and_names_the_new_spelling(capsys):
+def test_a_renamed_flag_is_left_out_of_the_vocabulary_and_is_an_error_naming_the_new_spelling(capsys):
     parser = argparse.ArgumentParser(prog="x")
     parser.add_argument("--job-timeout", type=float, help="t")
-    parser.add_argument("--backend", action="append", help="b")
     parser.add_argument("--fast", action="store_true", help="f")
-    deprecated_alias(parser, "--timeout", "--job-timeout")
-    deprecated_alias(parser, "--backends", "--backend")
-    deprecated_alias(parser, "--quick", "--fast")
+    renamed(parser, "--timeout", use="--job-timeout")
+    renamed(parser, "--quick", use="--fast")
     assert vocabulary_problems(parser) == []
-    args = parser.parse_args(["--timeout", "3", "--backends", "a", "--backend", "b", "--quick"])
-    assert (args.job_timeout, args.backend, args.fast) == (3.0, ["a", "b"], True)
-    err = capsys.readouterr().err
-    assert "x: --timeout is deprecated; use --job-timeout" in err and "use --backend" in err and "use --fast" in err
+    assert parser.parse_args(["--job-timeout", "3"]).job_timeout == 3.0
+    for argv, new in (
+        (["--timeout", "3"], "--job-timeout"),
+        (["--timeout=3"], "--job-timeout"),
+        (["--quick"], "--fast"),
+    ):
+        with pytest.raises(SystemExit) as ended:
+            parser.parse_args(argv)
+        assert ended.value.code == 2
+        assert f"x: error: {argv[0].split('=')[0]} was renamed: use {new}" in capsys.readouterr().err
 
 
 def test_paraflow_version(capsys):

@@ -14,17 +14,17 @@ import argparse
 import sys
 from dataclasses import fields
 
-from ...tools.flags import deprecated_alias
+from ...tools.flags import renamed
 
-__all__ = ["add_arguments", "config_from_args", "run_from_args", "main", "split_models", "DEPRECATED"]
+__all__ = ["add_arguments", "config_from_args", "run_from_args", "main", "split_models", "RENAMED"]
 
-#: Old spelling -> new spelling; the old ones still work for one release, with a note on stderr.
-DEPRECATED = {
+#: Old spelling -> new spelling; an old one is an error naming the new one.
+RENAMED = {
     "--backends": "--backend",
     "--launchers": "--launcher",
     "--models": "--model",
-    "--compare": "compare RUN_A RUN_B",
-    "--project-only": "project RUN",
+    "--compare": "paraflow bench compare RUN_A RUN_B",
+    "--project-only": "paraflow bench project RUN",
     "--steps": "--window-steps",
     "--timeout": "--launch-timeout",
     "--cluster": "--nodes",
@@ -46,26 +46,6 @@ def split_models(text: str) -> list:
         else:
             specs.append(piece)
     return specs
-
-
-class _Deprecated(argparse.Action):
-    """An old spelling: notes the new one on stderr, then does what the new one does."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        new = DEPRECATED[option_string]
-        print(
-            f"paraflow bench: {option_string} is deprecated and goes in the next release; use {new}",
-            file=sys.stderr,
-        )
-        if option_string == "--compare":
-            namespace.mode, namespace.runs = "compare", list(values)
-        elif option_string == "--project-only":
-            namespace.mode, namespace.run = "project", values
-        else:
-            items = []
-            for value in values if isinstance(values, list) else [values]:
-                items += split_models(value) if self.dest == "model" else _list(value)
-            setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + items)
 
 
 def _split_script_args(parse_known_args):
@@ -321,16 +301,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     output.add_argument("--out", default="bench-results", help="results folder (default: bench-results)")
     output.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
 
-    old = p.add_argument_group("deprecated spellings (one more release; each prints its new spelling)")
-    old.add_argument("--backends", dest="backend", action=_Deprecated, metavar="NAMES", help="use --backend")
-    old.add_argument("--launchers", dest="launcher", action=_Deprecated, metavar="NAMES", help="use --launcher")
-    old.add_argument("--models", dest="model", nargs="+", action=_Deprecated, metavar="SPEC", help="use --model")
-    old.add_argument(
-        "--compare", nargs=2, action=_Deprecated, metavar=("RUN_A", "RUN_B"), help="use `paraflow bench compare`"
-    )
-    old.add_argument("--project-only", action=_Deprecated, metavar="RUN", help="use `paraflow bench project`")
-    for spelling in ("--steps", "--timeout", "--cluster"):
-        deprecated_alias(p, spelling, DEPRECATED[spelling])
+    for old, new in RENAMED.items():
+        renamed(p, old, use=new)
 
     modes = p.add_subparsers(
         dest="mode",

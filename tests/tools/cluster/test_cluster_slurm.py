@@ -1,4 +1,5 @@
-"""train.py under a real Slurm (slurmctld, one slurmd per emulated host): srun, sbatch, paraflow run, a killed task.
+"""train.py under a real Slurm (slurmctld, one slurmd per emulated host): srun, sbatch, paraflow run, a killed
+task, a stopped task.
 
 Each job trains on digits for a few steps and exports its parameters, which must be `single`'s
 (tests/trainkit.py). Slurm's daemons and the cluster are started once for the module (slurmkit)
@@ -7,6 +8,7 @@ and checked gone afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -18,6 +20,7 @@ import time
 import pytest
 from clusterkit import CLUSTER_WORKERS
 from conftest import requires_horovod
+from reliability.faultkit import FAULT_WORKERS, TIMEOUT_S, fault_env, process_state
 from slurmkit import command_line, slurm_fixture  # noqa: F401
 from trainkit import assert_same_parameters, exported_parameters, single_reference, train_args
 
@@ -82,6 +85,17 @@ def test_paraflow_run_builds_the_srun_command(slurm, single, tmp_path):
     assert_same_parameters(exported_parameters(out), single)
 
 
+@contextlib.contextmanager
+def _killed_if_left(job: subprocess.Popen):
+    """Kill the job (srun on the login node) if it still runs when the block ends."""
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+
+
 def _task_pids(slurm, host: str, needle: str) -> list:
     """Processes on `host` whose command line holds `needle` (the job's tasks)."""
     namespace = slurm.cluster.host(host).namespace
@@ -95,7 +109,7 @@ def test_a_killed_task_ends_the_job_and_names_its_rank(slurm, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    try:
+    with _killed_if_left(job):
         deadline = time.monotonic() + 120
         while not all((tmp_path / f"rank{r}.started").exists() for r in (0, 1)):
             assert job.poll() is None, f"the job ended before training got going: {job.communicate()}"
@@ -106,10 +120,6 @@ def test_a_killed_task_ends_the_job_and_names_its_rank(slurm, tmp_path):
         killed = time.monotonic()
         stdout, stderr = job.communicate(timeout=EXIT_BOUND_S)
         ended_after = time.monotonic() - killed
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
     output = stdout + stderr
     assert ended_after < EXIT_BOUND_S
     assert job.returncode != 0, output[-3000:]
@@ -122,4 +132,36 @@ def test_a_killed_task_ends_the_job_and_names_its_rank(slurm, tmp_path):
     while (_task_pids(slurm, "node0", str(worker)) or slurm.jobs()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _task_pids(slurm, "node0", str(worker)) and not _task_pids(slurm, "node1", str(worker))
+    assert slurm.jobs() == ""
+
+
+def test_a_stopped_task_ends_paraflow_runs_srun_job_within_the_timeout_plus_10_s(slurm, tmp_path):
+    """srun --kill-on-bad-exit=1 continues and terminates the stopped task once the other has failed."""
+    run = [sys.executable, "-m", "paraflow.cli", "run", "--launcher", "srun", "--hosts", "node0:1,node1:1"]
+    run += ["--backend", "ddp-gloo", FAULT_WORKERS / "phases.py", "ddp-gloo", "wrap_model", tmp_path]
+    job = slurm.start_on_login(run, env=fault_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pid_file, stopped_at, stopped_pid = tmp_path / "rank1.pid", None, None
+    try:
+        with _killed_if_left(job):
+            deadline = time.monotonic() + 180
+            while stopped_at is None:
+                assert job.poll() is None, f"the job ended before rank 1 stopped: {job.communicate()}"
+                assert time.monotonic() < deadline, "rank 1 did not stop within 180 s"
+                if pid_file.exists() and pid_file.read_text().strip():
+                    stopped_pid = int(pid_file.read_text())
+                    if process_state(stopped_pid) == "T":
+                        stopped_at = time.monotonic()
+                time.sleep(0.05)
+            stdout, stderr = job.communicate(timeout=EXIT_BOUND_S)
+            took = time.monotonic() - stopped_at
+    finally:
+        if stopped_pid and process_state(stopped_pid):
+            os.kill(stopped_pid, signal.SIGKILL)
+    assert job.returncode != 0
+    assert took <= TIMEOUT_S + 10, f"the job ended {took:.1f} s after the stop:\n{stderr[-3000:]}"
+    assert "rank 1" in stdout + stderr, stderr[-3000:]
+    assert "node1: task 1: Terminated" in stderr, stderr[-3000:]  # SIGCONT and SIGTERM, no SIGKILL needed
+    deadline = time.monotonic() + 30
+    while slurm.jobs() and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert slurm.jobs() == ""

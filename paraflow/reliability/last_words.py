@@ -1,0 +1,615 @@
+"""Last words for a rank the communication library kills: who died, in which phase, and who was elsewhere.
+
+When gloo, NCCL or MPI aborts a process (a C++ exception ending in ``std::terminate``, SIGABRT,
+SIGSEGV inside the library), no Python code runs in that process any more: ``abort()`` re-raises
+its signal, so a Python signal handler never gets the chance. So each rank of a job of several
+processes keeps, from ``init`` on, two files in a job directory on local disk
+(:func:`job_directory`):
+
+- ``rank<R>.rec``: its current activity record (the phase of
+  :mod:`paraflow.reliability.activity`, its call site and step, the last public collective's name,
+  number and whether the rank is inside it), in a file-backed ``mmap``. Each change is a few
+  memory stores into the mapping (no system call); the kernel keeps the pages after the process
+  dies, so the other ranks on the host read where it was.
+- ``rank<R>.fault``: where :mod:`faulthandler` writes, from its signal-safe C handler, the fatal
+  signal and every thread's Python stack (and, on SIGTERM, the stacks alone: a rank the launcher
+  ended is not the one that died).
+
+A public collective the script calls costs one small store on entry and one byte on exit; a
+collective made inside another paraflow call (save's allgathers) also records the code that made
+it and its tensor's size, so ranks in different collectives of one call tell apart.
+
+A thread of each rank (:class:`LastWordsWatch`) waits on the other local ranks' process
+descriptors (``pidfd``); when one ends without passing through Python's exit, the first rank to
+see it prints one line on stderr::
+
+    paraflow: rank 0 of 2 died (SIGABRT) in save at train.py:52, in allgather as collective #6
+    (object_collectives.py:40, 1 int64); rank 1 was elsewhere: in save at train.py:52, in allgather
+    as collective #6 (object_collectives.py:44, 7826 uint8). Its Python stacks: .../rank0.fault.
+
+A survivor's error for the lost peer carries the same sentence (:func:`dead_peers_text`), and so do
+``paraflow run`` and ``paraflow.launch`` when the job ended with a dead rank (they choose the job
+directory through ``PARAFLOW_JOB_DIR``). Reading another rank's record needs the same host.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import mmap
+import os
+import re
+import select
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from .activity import Activity
+
+__all__ = [
+    "JOB_DIR_ENV",
+    "LastWords",
+    "LastWordsWatch",
+    "RecordedActivity",
+    "dead_peers_text",
+    "job_directory",
+    "read_record",
+    "report_dead_ranks",
+    "start_last_words",
+]
+
+#: A directory the launcher chose for this job's records (``paraflow run`` and ``paraflow.launch`` set it).
+JOB_DIR_ENV = "PARAFLOW_JOB_DIR"
+
+_MAGIC = b"PFLW"
+_VERSION = 1
+_SIZE = 65536
+_HEADER = struct.Struct("<4sIiiid")  # magic, version, pid, rank, world size, started (wall time)
+# The record, written in pieces so a collective costs one small store on entry and one byte on exit:
+# phase (call, after, site), the last public collective (name, number, the code that made it inside
+# another paraflow call, whether the rank is inside it), the step, and whether Python's exit ran.
+_PHASE_AT, _PHASE = 64, struct.Struct("<iii")
+_COLLECTIVE_AT, _COLLECTIVE = 76, struct.Struct("<iqii")
+_CALL = struct.Struct("<iiiiqii")  # phase and collective in one store (a collective made by the script)
+_INSIDE_AT = 92
+_STEP_AT, _STEP = 96, struct.Struct("<q")
+_ENDED_AT = 104
+_INNER_AT, _INNER_SIZE = 128, 128  # the code that made an inner collective: u8 length + UTF-8 bytes
+_TABLE_AT = 256  # strings: u16 length + UTF-8 bytes each, id = position in the table, from 1
+_LENGTH = struct.Struct("<H")
+#: The launchers' own names of one job, first found wins: ranks of one job on one host agree on it.
+_JOB_KEYS = (
+    ("PMIX_NAMESPACE",),  # Open MPI
+    ("SLURM_JOB_ID", "SLURM_STEP_ID"),
+    ("TORCHELASTIC_RUN_ID", "MASTER_PORT"),
+    ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"),
+    ("PMI_KVSNAME",),  # MPICH Hydra
+    ("MASTER_ADDR", "MASTER_PORT"),
+)
+_SIGNALS = {
+    "Aborted": "SIGABRT",
+    "Segmentation fault": "SIGSEGV",
+    "Bus error": "SIGBUS",
+    "Floating-point exception": "SIGFPE",
+    "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+#: The public collectives (any other paraflow call, such as save, may make several of them).
+_COLLECTIVES = frozenset({"allreduce", "broadcast", "allgather", "barrier"})
+_OWN_MODULES = frozenset({__name__, "paraflow.reliability.activity", "paraflow.core.collectives"})
+
+
+def job_directory(environ: Optional[dict] = None) -> Path:
+    """This job's directory for the records on this host: ``PARAFLOW_JOB_DIR``, else one under the
+    temporary directory named after the launcher's job (every local rank of one job finds the same)."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(JOB_DIR_ENV)
+    if chosen:
+        return Path(chosen)
+    key = f"parent-{os.getppid()}"
+    for names in _JOB_KEYS:
+        if all(environ.get(n) for n in names):
+            key = "-".join(environ[n] for n in names)
+            break
+    key = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:100]
+    return _base() / f"job-{key}"
+
+
+def _base() -> Path:
+    """Where paraflow's own job directories go: one folder per user under the temporary directory."""
+    return Path(tempfile.gettempdir()) / f"paraflow-{os.getuid()}"
+
+
+class LastWords:
+    """This rank's record file (writer side) and fault file."""
+
+    def __init__(self, directory: Path, rank: int, world_size: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory, self.rank, self.world_size = directory, rank, world_size
+        self.path = directory / f"rank{rank}.rec"
+        self.fault_path = directory / f"rank{rank}.fault"
+        with open(self.path, "w+b") as f:
+            f.truncate(_SIZE)
+            self._map = mmap.mmap(f.fileno(), _SIZE)
+        _HEADER.pack_into(self._map, 0, _MAGIC, _VERSION, os.getpid(), rank, world_size, time.time())
+        self._ids: dict = {"": 0}
+        self._table_end = _TABLE_AT
+        self._fault_file = open(self.fault_path, "w")  # noqa: SIM115 - open while faulthandler writes to it
+        self._had_faulthandler = faulthandler.is_enabled()  # on stderr (PYTHONFAULTHANDLER, torchrun's @record)
+        faulthandler.enable(file=self._fault_file, all_threads=True)
+        # A launcher ending the job sends SIGTERM: the stacks (with no "Fatal Python error" line) tell
+        # a rank ended that way from one that died on its own.
+        faulthandler.register(signal.SIGTERM, file=self._fault_file, all_threads=True, chain=True)
+
+    def _id(self, text: str) -> int:
+        """The table id of `text`, adding it on first sight (0 when the table is full)."""
+        known = self._ids.get(text)
+        if known is not None:
+            return known
+        raw = text.encode("utf-8", "replace")[:512]
+        end = self._table_end + _LENGTH.size + len(raw)
+        if end > _SIZE:
+            return 0
+        self._map[self._table_end + _LENGTH.size : end] = raw
+        _LENGTH.pack_into(self._map, self._table_end, len(raw))
+        self._table_end = end
+        self._ids[text] = known = len(self._ids)
+        return known
+
+    def phase(self, call: str, after: str, site: str) -> None:
+        """Store the phase (memory stores only; a string seen for the first time joins the table)."""
+        ids, add = self._ids.get, self._id
+        _PHASE.pack_into(self._map, _PHASE_AT, ids(call) or add(call), ids(after) or add(after), ids(site) or add(site))
+
+    def collective(self, name: str, number: int, site: str) -> None:
+        """A public collective the script called at `site` begins: phase and collective in one store."""
+        ids = self._ids.get
+        name_id = ids(name) or self._id(name)
+        _CALL.pack_into(self._map, _PHASE_AT, name_id, 0, ids(site) or self._id(site), name_id, number, 0, 1)
+
+    def inner_collective(self, name: str, number: int, inner: str) -> None:
+        """A collective made inside another paraflow call (save's allgathers) begins."""
+        raw = inner.encode("utf-8", "replace")[: _INNER_SIZE - 1]
+        self._map[_INNER_AT + 1 : _INNER_AT + 1 + len(raw)] = raw
+        self._map[_INNER_AT] = len(raw)
+        _COLLECTIVE.pack_into(self._map, _COLLECTIVE_AT, self._ids.get(name) or self._id(name), number, 1, 1)
+
+    def step(self, step: int) -> None:
+        """A training step begins."""
+        _STEP.pack_into(self._map, _STEP_AT, step)
+
+    def ended(self) -> None:
+        """This process leaves through Python's exit."""
+        self._map[_ENDED_AT] = 1
+
+    def close(self, remove: bool) -> None:
+        """Stop writing; `remove` deletes both files (a clean end of the job)."""
+        faulthandler.unregister(signal.SIGTERM)
+        if self._had_faulthandler:
+            faulthandler.enable(file=sys.stderr, all_threads=True)
+        else:
+            faulthandler.disable()
+        self._fault_file.close()
+        if remove:
+            for path in (self.path, self.fault_path):
+                path.unlink(missing_ok=True)
+            try:
+                self.directory.rmdir()  # the last rank out removes the directory
+            except OSError:
+                pass
+
+
+class RecordedActivity(Activity):
+    """An :class:`Activity` that also keeps its record in a :class:`LastWords` mapping."""
+
+    def __init__(self, last_words: LastWords) -> None:
+        super().__init__()
+        self.last_words = last_words
+        self._map = last_words._map
+        self.frozen = False  # a call failed: the record keeps it while the error leaves the calls around it
+        self.ended = False
+        state = self.state
+        last_words.phase(state.call, state.after, state.site)
+
+    def enter(self, name: str, site: Optional[str] = None, call_args: Any = None) -> None:
+        Activity.enter(self, name, site, call_args)
+        self.frozen = False
+        if call_args is None:
+            if self._depth == 1:
+                self.last_words.phase(name, "", self.state.site)
+        elif self._depth == 1:
+            self.last_words.collective(name, call_args[0], self.state.site)
+        else:
+            self.last_words.inner_collective(name, call_args[0], _inner_site(call_args[1]))
+
+    def leave(self, name: str) -> None:
+        Activity.leave(self, name)
+        if self.frozen:
+            return
+        self._map[_INSIDE_AT] = 0  # the collective returned (a call that is none has none open: no harm)
+        if self._depth == 0 and name not in _COLLECTIVES:
+            self.last_words.phase("idle", name, self.state.site)
+
+    def failed(self) -> None:
+        """The current call failed: the record keeps it while the error leaves the calls around it."""
+        self.frozen = True
+
+    def forward_started(self, training: bool, site: str) -> None:
+        Activity.forward_started(self, training, site)
+        if not self._depth:
+            self.frozen = False
+            state = self.state
+            self.last_words.step(state.step)
+            self.last_words.phase(state.call, "", site)
+
+    def forward_done(self, training: bool) -> None:
+        Activity.forward_done(self, training)
+        if not self._depth:
+            state = self.state
+            self.last_words.phase(state.call, state.after, state.site)
+
+    def optimizer_stepped(self) -> None:
+        Activity.optimizer_stepped(self)
+        if not self._depth:
+            self.last_words.phase("idle", "optimizer.step", self.state.site)
+
+
+def _inner_site(tensor: Any) -> str:
+    """file:line of the code that made a collective inside another paraflow call (save's allgathers),
+    and its tensor's size and dtype: ranks in different collectives of one call differ here."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") in _OWN_MODULES:
+        frame = frame.f_back
+    where = "?" if frame is None else f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    if tensor is None or not hasattr(tensor, "numel"):
+        return where
+    return f"{where}, {tensor.numel()} {str(tensor.dtype).replace('torch.', '')}"
+
+
+# ---------------------------------------------------------------- reading records
+def read_record(path: Path) -> Optional[dict]:
+    """A rank's record as a dict, or None when `path` holds none (missing, short or foreign)."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:
+        return None
+    if len(raw) < _TABLE_AT:
+        return None
+    magic, version, pid, rank, world_size, started = _HEADER.unpack_from(raw, 0)
+    if magic != _MAGIC or version != _VERSION:
+        return None
+    strings, at = [""], _TABLE_AT
+    while at + _LENGTH.size <= len(raw):
+        (length,) = _LENGTH.unpack_from(raw, at)
+        if not length:
+            break
+        strings.append(raw[at + _LENGTH.size : at + _LENGTH.size + length].decode("utf-8", "replace"))
+        at += _LENGTH.size + length
+    call, after, site, collective, number, inner, inside = _CALL.unpack_from(raw, _PHASE_AT)
+    (step,) = _STEP.unpack_from(raw, _STEP_AT)
+    ended = raw[_ENDED_AT]
+
+    def text(i: int) -> str:
+        return strings[i] if 0 <= i < len(strings) else "?"
+
+    returned = call and call == collective and not inside  # a collective the script called has returned
+    return {
+        "pid": pid,
+        "rank": rank,
+        "world_size": world_size,
+        "started": started,
+        "call": "idle" if returned else text(call),
+        "after": text(collective if returned else after),
+        "site": text(site),
+        "inner": raw[_INNER_AT + 1 : _INNER_AT + 1 + raw[_INNER_AT]].decode("utf-8", "replace") if inner else "",
+        "collective": text(collective),
+        "number": number,
+        "inside": bool(inside),
+        "ended": bool(ended),
+        "step": step,
+    }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def fault_signal(directory: Path, rank: int) -> Optional[str]:
+    """The fatal signal faulthandler recorded for `rank` ("SIGABRT", ...; "SIGTERM" for the stacks it
+    writes when the launcher ends the rank), or None."""
+    try:
+        text = (Path(directory) / f"rank{rank}.fault").read_text(errors="replace")
+    except OSError:
+        return None
+    match = re.search(r"Fatal Python error: ([A-Za-z -]+)", text)
+    if not match:
+        return "SIGTERM" if text.strip() else None
+    return _SIGNALS.get(match.group(1).strip(), match.group(1).strip())
+
+
+def _process_start() -> float:
+    """When this process started (wall time; 0 where /proc does not say)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        lines = Path("/proc/stat").read_text().splitlines()
+        boot = next(int(line.split()[1]) for line in lines if line.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
+    return boot + ticks / os.sysconf("SC_CLK_TCK") - 1.0  # btime is whole seconds
+
+
+def _records(directory: Path) -> dict[int, dict]:
+    """The records in `directory`; seen from a rank, only those of its own job: a directory named
+    after a launcher's job id (torchrun's default port) may hold an earlier job's, made before this
+    process started, while every rank of this job writes its own after the rendezvous."""
+    since = _started if _current is not None else 0.0
+    found = {}
+    for path in Path(directory).glob("rank*.rec"):
+        record = read_record(path)
+        if record is not None and record["started"] >= since:
+            found[record["rank"]] = record
+    return found
+
+
+def describe(record: dict) -> str:
+    """Where a rank was, from its record: the phase, call site, step and last collective."""
+    call, site, number = record["call"], record["site"], record["number"]
+    collective = f"{record['collective']} as collective #{number}"
+    if call in _COLLECTIVES:
+        return f"in {collective} at {site}"
+    if call == "idle":
+        return f"in its own code after {record['after']} (last paraflow line {site}, {number} collectives made)"
+    if call == "backward":
+        where = f"in backward's gradient reduction (or the optimizer step) after the forward at {site}"
+        where += f" (step {record['step']})"
+    elif call.startswith("forward"):
+        where = f"in the {call} at {site} (step {record['step']})"
+    else:
+        where = f"in {call} at {site}"
+    if record["inside"] and record["inner"]:
+        return f"{where}, in {collective} ({record['inner']})"
+    if number:
+        return f"{where}, after {collective}" + (f" ({record['inner']})" if record["inner"] else "")
+    return where
+
+
+def _position(record: dict) -> tuple:
+    return (record["call"], record["collective"], record["number"], record["inner"], record["inside"])
+
+
+def compose(dead: dict, signal_name: Optional[str], others: dict[int, dict], directory: Path) -> str:
+    """The one line for a rank that died: its phase and, for every other rank with a record, where it was."""
+    rank, world = dead["rank"], dead["world_size"]
+    how = f"died ({signal_name})" if signal_name else "died without a fault report (SIGKILL, os._exit, the OOM killer)"
+    text = f"paraflow: rank {rank} of {world} {how} {describe(dead)}"
+    parts = []
+    for r, record in sorted(others.items()):
+        if r == rank:
+            continue
+        elsewhere = "elsewhere: " if _position(record) != _position(dead) else ""
+        gone = not record["ended"] and not _alive(record["pid"])
+        state = f" (then ended: {fault_signal(directory, r) or 'no fault report'})" if gone else ""
+        parts.append(f"rank {r} was {elsewhere}{describe(record)}{state}")
+    if parts:
+        text += "; " + "; ".join(parts)
+    missing = [r for r in range(world) if r not in others and r != rank]
+    if missing:
+        text += f"; no record of rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} on this host"
+    if signal_name:
+        text += f". Its Python stacks: {Path(directory) / f'rank{rank}.fault'}"
+    return text + "."
+
+
+def dead_ranks(directory: Path) -> list[int]:
+    """Ranks of `directory` whose process is gone without passing through Python's exit."""
+    return sorted(r for r, rec in _records(directory).items() if not rec["ended"] and not _alive(rec["pid"]))
+
+
+def dead_peers_text(directory: Optional[Path] = None) -> str:
+    """The last-words lines of every dead rank recorded in `directory` (this job's by default), or ''."""
+    directory = job_directory() if directory is None else directory
+    records = _records(directory)
+    signals = {r: fault_signal(directory, r) for r in records}
+    lines = [
+        compose(records[r], signals[r], records, directory)
+        for r in sorted(records)
+        if not records[r]["ended"] and not _alive(records[r]["pid"]) and signals[r] != "SIGTERM"
+    ]
+    return " ".join(lines)
+
+
+def report_dead_ranks(directory: Path, file: Any = None, once: bool = True, settle: float = 0.0) -> list[int]:
+    """Print the line of each dead rank of `directory` on `file` (stderr); with `once`, only the
+    first caller in the job prints a given rank's line. Returns the ranks printed.
+
+    `settle`: seconds to wait for ranks that are dying (faulthandler has written their fault file,
+    the process is not gone yet), so that a rank leaving on an error it got from a dying peer reports it.
+    """
+    deadline = time.monotonic() + settle
+    while time.monotonic() < deadline and any(
+        not rec["ended"] and _alive(rec["pid"]) and fault_signal(directory, r) for r, rec in _records(directory).items()
+    ):
+        time.sleep(0.05)
+    records = _records(directory)
+    printed = []
+    for rank in sorted(records):
+        record = records[rank]
+        signal_name = fault_signal(directory, rank)
+        if record["ended"] or _alive(record["pid"]) or signal_name == "SIGTERM":  # SIGTERM: ended by the launcher
+            continue
+        if once:
+            try:
+                marker = Path(directory) / f"rank{rank}-{record['pid']}.reported"
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except OSError:
+                continue
+        line = compose(record, signal_name, records, directory)
+        out = sys.stderr if file is None else file
+        out.write(line + "\n")
+        out.flush()
+        printed.append(rank)
+    return printed
+
+
+class LastWordsWatch:
+    """A thread that waits on the other local ranks' processes and reports the one that dies."""
+
+    def __init__(self, directory: Path, rank: int, local_peers: int) -> None:
+        self.directory, self.rank, self.local_peers = directory, rank, local_peers
+        self._wake_r, self._wake_w = os.pipe()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="paraflow last words", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread."""
+        self._stop.set()
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _run(self) -> None:
+        watched: dict[int, int] = {}  # pidfd -> rank
+        seen: set = set()
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if len(seen) < self.local_peers:
+                    for rank, record in _records(self.directory).items():
+                        if rank == self.rank or rank in seen:
+                            continue
+                        seen.add(rank)
+                        try:
+                            fd = os.pidfd_open(record["pid"])
+                        except OSError:  # gone already
+                            report_dead_ranks(self.directory)
+                            continue
+                        watched[fd] = rank
+                        poller.register(fd, select.POLLIN)
+                timeout = None if len(seen) >= self.local_peers else 1000
+                for fd, _ in poller.poll(timeout):
+                    if fd in watched:
+                        poller.unregister(fd)
+                        os.close(fd)
+                        del watched[fd]
+                        if not self._stop.is_set():
+                            report_dead_ranks(self.directory)
+        except Exception:  # noqa: BLE001 - the last words are a courtesy; training goes on without them
+            pass
+        finally:
+            for fd in watched:
+                os.close(fd)
+
+
+_current: Optional[RecordedActivity] = None  # this process's record, for mark_ended
+_started = 0.0  # when this process started, for _records
+
+
+def start_last_words(backend: Any) -> tuple[Optional[RecordedActivity], Optional[LastWordsWatch]]:
+    """For a job of several processes: this rank's recorded activity and the watch over its local
+    peers, or (None, None) when the job directory cannot be written (the stall watch's plain record then)."""
+    global _current, _started
+    _started = _process_start()
+    directory = job_directory()
+    try:
+        if backend.local_rank == 0:
+            prune(_base())
+        last_words = LastWords(directory, backend.rank, backend.world_size)
+    except OSError:
+        return None, None
+    activity = _current = RecordedActivity(last_words)
+    atexit.register(mark_ended)
+    watch = None
+    if backend.local_world_size > 1 and hasattr(os, "pidfd_open"):
+        watch = LastWordsWatch(last_words.directory, backend.rank, backend.local_world_size - 1)
+        watch.start()
+    return activity, watch
+
+
+def mark_ended() -> None:
+    """Record that this process leaves through Python (an error's exit, MPI_Abort after a traceback):
+    the other ranks then do not report it as died. Called at exit and before MPI_Abort."""
+    activity = _current
+    if activity is not None and not activity.ended:
+        activity.ended = True
+        activity.last_words.ended()
+
+
+def end_last_words(activity: Optional[Activity], watch: Optional[LastWordsWatch], clean: bool) -> None:
+    """At shutdown: stop the watch, mark the record ended and, after a clean end, remove its files."""
+    global _current
+    if watch is not None:
+        watch.stop()
+    if isinstance(activity, RecordedActivity):
+        activity.ended = True
+        activity.last_words.ended()
+        if clean:
+            activity.last_words.close(remove=True)
+            if _current is activity:
+                _current = None
+
+
+def new_job_directory() -> Path:
+    """A fresh job directory for a launch paraflow starts (``paraflow run``, ``paraflow.launch``): its
+    ranks get it as ``PARAFLOW_JOB_DIR``."""
+    base = _base()
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="job-launch-", dir=base))
+
+
+def job_ended(directory: Path, dead: Optional[list] = None) -> None:
+    """After a launch: print the line of every rank of `directory` that died (the job's last words;
+    `dead`: they were printed already), then remove the directory unless one of them left a fault
+    report (its Python stacks stay for the user)."""
+    if dead is None:
+        dead = report_dead_ranks(directory, once=False)
+    if not any(fault_signal(directory, rank) for rank in dead):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+#: Job directories older than this, whose ranks are all gone, are removed when a job starts.
+STALE_S = 24 * 3600.0
+
+
+def prune(base: Path) -> None:
+    """Remove paraflow's job directories under `base` (its own folder in the temporary directory) left
+    by jobs that ended a day ago or more (a crash keeps its records for the user to read)."""
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        try:
+            if not entry.name.startswith("job-") or now - entry.stat().st_mtime < STALE_S:
+                continue
+            if any(_alive(rec["pid"]) for rec in _records(entry).values()):
+                continue
+            for path in entry.glob("rank*"):
+                if path.suffix in (".rec", ".fault", ".reported"):
+                    path.unlink()
+            entry.rmdir()  # fails, and keeps it, when anything else is inside
+        except OSError:
+            continue
