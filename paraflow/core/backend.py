@@ -174,7 +174,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
             self._shutdown()
             raise
         if self.env.is_mpi or (self.env.launcher == "horovodrun" and self.world_size > 1):
-            abort_mpi_job_on_uncaught_error(mpi_launcher=self.env.is_mpi)
+            abort_mpi_job_on_uncaught_error(self.rank, self.world_size, mpi_launcher=self.env.is_mpi)
         self._initialized = True
         set_current(self)
         if self.banner and self.rank == 0:

@@ -75,14 +75,20 @@ def lost_a_peer(exc: Optional[BaseException]) -> bool:
     return lost
 
 
-def abort_mpi_job_on_uncaught_error(mpi_launcher: bool = True, grace: float = PEER_LOST_GRACE_S) -> None:
+def abort_mpi_job_on_uncaught_error(
+    rank: int, world_size: int, mpi_launcher: bool = True, grace: float = PEER_LOST_GRACE_S
+) -> None:
     """Make an uncaught exception end this rank's part in the job the way described above.
 
     A rank that lost a peer first waits up to `grace` seconds for the launcher (which normally
-    ends it meanwhile); then the traceback is printed and, under MPI (when mpi4py started it), the
-    whole job is aborted instead of waiting in MPI_Finalize. Safe to call more than once.
+    ends it meanwhile); then the traceback is printed, followed (unless the error is a lost peer,
+    which the error itself names) by ``paraflow: rank R of N left the job on an uncaught ...``, so
+    paraflow's own output names the failing rank, not only the launcher's summary. Under MPI (when
+    mpi4py started it) the whole job is then aborted instead of waiting in MPI_Finalize. Safe to
+    call more than once.
 
     Args:
+        rank, world_size: this process's rank and the job's size, for the line.
         mpi_launcher: whether an MPI launcher started this process (else only the wait applies).
         grace: seconds a rank that lost a peer waits for the launcher.
     """
@@ -97,12 +103,20 @@ def abort_mpi_job_on_uncaught_error(mpi_launcher: bool = True, grace: float = PE
         # library is aborting them right now (this error may be what their end did to this rank).
         with contextlib.suppress(Exception):  # never in the way of the traceback
             report_dead_ranks(job_directory(), settle=LAST_WORDS_SETTLE_S, in_collectives=True)
-        if lost_a_peer(value):
+        lost = lost_a_peer(value)
+        if lost:
             time.sleep(grace)  # the launcher sees the rank that failed first, and ends this one meanwhile
         previous(kind, value, traceback)
+        mpi = _mpi() if mpi_launcher else None
+        if not lost:
+            message = " ".join(str(value).split())
+            message = message if len(message) <= 200 else message[:199] + "…"
+            sys.stderr.write(
+                f"paraflow: rank {rank} of {world_size} left the job on an uncaught {kind.__name__}"
+                f"{': ' + message if message else ''}{'; aborting the MPI job' if mpi is not None else ''}.\n"
+            )
         sys.stdout.flush()
         sys.stderr.flush()
-        mpi = _mpi() if mpi_launcher else None
         if mpi is not None:
             mark_ended()
             mpi.COMM_WORLD.Abort(1)

@@ -399,7 +399,9 @@ def compose_report(
     """The report one rank prints: a header, one line per group of ranks doing the same, the causes."""
     groups: dict[tuple, list[int]] = {}
     for r, rec in sorted(records.items()):
-        groups.setdefault((rec["call"], rec["site"], rec["step"], rec["after"], rec["waits"]), []).append(r)
+        groups.setdefault(
+            (rec["call"], rec["site"], rec.get("detail"), rec["step"], rec["after"], rec["waits"]), []
+        ).append(r)
     longest: Optional[float] = max((rec["for"] for rec in records.values() if rec["waits"]), default=None)
     waited = f"a rank has waited {longest:.0f} s" if longest is not None else "a wait passed the threshold"
     lines = [f"paraflow stall: seen from rank {rank} of {world_size}: {waited} (threshold {threshold:g} s). Each rank:"]

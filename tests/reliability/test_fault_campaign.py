@@ -28,6 +28,8 @@ Each injection is judged on every point, and fails with one line per point that 
       and a broadcast's ``from rank N`` are taken out;
     - a ``paraflow:`` line (paraflow's last words) mentioning ``rank R``, once a leading speaker
       ``paraflow: rank N:`` is taken out (``paraflow: rank 1 of 2 left the job ...`` names rank 1);
+      when more than one rank says it left the job, none of those lines counts: they do not single
+      out the rank at fault;
     - a ``paraflow stall:`` report whose rank lines (the indented ``rank R: ...`` lines right after
       its header) do not put every rank in one group, and one of them is R's (``rank R: in ...``,
       ``rank R: no record``).
@@ -264,6 +266,7 @@ _LAUNCHER_PREFIX = re.compile(r"^(?:\[\d+(?:,\d+)?\]<std(?:out|err)>:|\[rank\d+\
 _ERROR = re.compile(r"^\s*paraflow\.errors\.\w+: (.*)$")
 _LAST_WORDS = re.compile(r"^paraflow: (.*)$")
 _REPORT_RANKS = re.compile(r"^  ranks? (\d+(?:, \d+)*): ")
+_LEFT = re.compile(r"^rank (\d+) of \d+ left the job\b")
 #: How a line names the rank that speaks (or a broadcast's source), which is not naming a rank at fault.
 _SPEAKER = re.compile(r"\b(?:on|from) rank \d+(?: of \d+)?\b|^rank \d+: ")
 
@@ -300,6 +303,8 @@ def paraflow_lines(output: str) -> tuple[list[str], list[str], list[list[str]]]:
 def naming_lines(output: str, rank: int) -> list[str]:
     """paraflow's lines in `output` that name `rank` as (b) counts them (see the module doc)."""
     errors, words, reports = paraflow_lines(output)
+    if len({m.group(1) for m in map(_LEFT.match, words) if m}) > 1:
+        words = [w for w in words if not _LEFT.match(w)]
     found = [m for m in errors + words if mentions(_SPEAKER.sub("", m), rank)]
     for report in reports:
         groups = [_REPORT_RANKS.match(line).group(1).split(", ") for line in report[1:]]
@@ -450,6 +455,12 @@ _STALL = [
         ("\n".join(f"[0]<stderr>:{line}" for line in _STALL), [0, 1]),
         ("paraflow stall: seen from rank 1 of 2: a rank has waited 10 s. Each rank:\n  ranks 0, 1: in allreduce", []),
         ("paraflow: rank 1 of 2 left the job with exit status 3 (sys.exit out of paraflow.init).", [1]),
+        ("paraflow: rank 1 of 2 left the job on an uncaught InjectedFailure: injected failure on rank 1.", [1]),
+        (
+            "paraflow: rank 0 of 2 left the job on an uncaught CollectiveError: shapes differ.\n"
+            "paraflow: rank 1 of 2 left the job on an uncaught CollectiveError: shapes differ.",
+            [],
+        ),
         ("paraflow: rank 0: horovod's wait cannot be interrupted and outlived the timeout, so this process ends", []),
         ("paraflow.errors.CheckpointError: could not read checkpoint ckpt on rank(s) [0, 1]: damaged", [0, 1]),
         ("paraflow.errors.CollectiveError: allreduce on rank 1 of 2: the connection to rank 0 was lost", [0]),
@@ -467,6 +478,8 @@ _STALL = [
         "stall-report-under-horovodrun",
         "stall-report-with-every-rank-in-one-place",
         "last-words-of-a-leaving-rank",
+        "last-words-of-a-rank-raising",
+        "every-rank-leaving-singles-out-none",
         "last-words-of-the-speaker-only",
         "checkpoint-error-listing-ranks",
         "lost-connection-names-the-other-rank",

@@ -56,6 +56,16 @@ def test_same_ranks_doing_the_same_are_grouped_and_different_steps_mean_uneven_b
     assert "different training steps (rank 0 at step 3, rank 1 at step 3, rank 2 at step 3, rank 3 at step 4)" in text
 
 
+def test_ranks_in_the_same_collective_with_different_tensors_are_not_grouped():
+    records = {r: record("allreduce") for r in range(2)}
+    records[0]["detail"] = "allreduce(float32[], op=mean) as collective #4 at t.py:9"
+    records[1]["detail"] = "allreduce(float32[2], op=mean) as collective #4 at t.py:9"
+    text = report(records)
+    assert (
+        "  rank 0: in allreduce(float32[], op=mean)" in text and "  rank 1: in allreduce(float32[2], op=mean)" in text
+    )
+
+
 def test_threshold_option_and_variable(monkeypatch):
     def stall_threshold_seconds(value):
         return paraflow.get_backend("single", stall_threshold=value).stall_threshold
