@@ -86,6 +86,10 @@ def test_raising_rank_traceback_comes_first(backend, launcher):
     assert len(tracebacks) > 1, result.stderr[-3000:]
     first = tracebacks[1]
     assert "InjectedFailure: injected failure on rank 1 at step 3" in first, result.stderr[-5000:]
+    if launcher in ("mpirun", "horovodrun"):  # paraflow's own words name the rank, not only the launcher's
+        assert re.search(r"paraflow: rank 1 of 2 left the job on an uncaught InjectedFailure", result.stderr), (
+            result.stderr[-5000:]
+        )
     if launcher == "torchrun":  # the elastic error file makes it the root cause in torchrun's summary
         root = result.stderr.split("Root Cause (first observed failure):", 1)[1]
         assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", root) and "InjectedFailure" in root, root
