@@ -134,7 +134,7 @@ class TorchDistributedBackend(Backend):
             # stuck) is reported after the timeout instead of the job ending "successfully" without it.
             try:
                 with collective_errors(self, "the barrier in shutdown() (leaving paraflow.init)"):
-                    self._barrier()
+                    self._final_barrier()
             except Exception as exc:  # noqa: BLE001 - raised once the process group is gone
                 error = exc
         self._before_destroy()

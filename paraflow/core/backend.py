@@ -112,6 +112,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         check_collectives: Optional[bool] = None,
         **options: Any,
     ) -> None:
+        super().__init__()
         self.ignored_options = split_foreign_options(name, self.OPTIONS, options)
         self.name = name
         self.options = options

@@ -6,19 +6,28 @@ A public call checks its input, records this rank's phase for the stall report
 communication failure into a paraflow error (:mod:`paraflow.reliability.translation`). With
 ``check_collectives`` (``PARAFLOW_DEBUG=1``) a small descriptor allgather before the call first
 checks that every rank makes the same one (:mod:`paraflow.reliability.collective_check`).
+Without it each rank folds its calls into a digest, compared once, in place of the final barrier
+(:meth:`Collectives._final_barrier`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from typing import Any, Callable, ContextManager
 
 import torch
 
 from ..errors import ConfigurationError
 from ..reliability.activity import call_site
-from ..reliability.collective_check import check_same_call
+from ..reliability.collective_check import (
+    check_same_call,
+    decode_calls,
+    encode_calls,
+    fold,
+    recorded_mismatch_error,
+)
 from ..reliability.translation import raise_translated
 from .options import REDUCE_OPS
 
@@ -37,6 +46,15 @@ class Collectives:
     _activity = None
     #: Whether every collective is first checked across ranks (check_collectives, PARAFLOW_DEBUG).
     check_collectives = False
+    #: This rank's public collectives folded into one number (collective_check.fold).
+    calls_digest = 0
+    _digest_before = 0
+    #: How many of its first and of its latest calls a rank keeps, to name a mismatch found later.
+    KEPT_FIRST, KEPT_LATEST = 8, 32
+
+    def __init__(self) -> None:
+        self._first_calls: list = []
+        self._latest_calls: deque = deque(maxlen=self.KEPT_LATEST)
 
     def allreduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """Reduce `tensor` over all ranks with `op` (sum, mean, min, max); input is unchanged."""
@@ -82,6 +100,7 @@ class Collectives:
                 self.collective_count += 1
                 if self.check_collectives:
                     check_same_call(self, self.collective_count, collective, tensor, argument, site)
+                self._keep_call(collective, tensor, argument, site)
             return run()
         except RuntimeError as exc:
             if activity is not None:
@@ -91,6 +110,42 @@ class Collectives:
         finally:
             if activity is not None:
                 activity.leave(collective)
+
+    def _keep_call(self, collective: str, tensor: Any, argument: Any, site: str) -> None:
+        """Fold the call about to be made into the digest and keep it among the first or latest."""
+        dtype, shape = (None, ()) if tensor is None else (tensor.dtype, tensor.shape)
+        self._digest_before = self.calls_digest
+        self.calls_digest = fold(self.calls_digest, collective, dtype, shape, argument)
+        record = (collective, self.collective_count, dtype, shape, argument, site)
+        (self._first_calls if self.collective_count <= self.KEPT_FIRST else self._latest_calls).append(record)
+
+    def _kept_calls_of_every_rank(self) -> list:
+        """Every rank's kept calls (collective_check.decode_calls), by rank: one allgather."""
+        mine = encode_calls([*self._first_calls, *self._latest_calls]).to(self.device)
+        return [decode_calls(row) for row in self._allgather(mine)]
+
+    def _mismatch_seen_by_the_library(self, where: str) -> Exception:
+        """The error for the library's report that the ranks' current calls differ (every rank got
+        it): every rank's call named, from one allgather of the kept calls. The failed call no
+        longer counts in the digest, since it did not happen."""
+        self.calls_digest = self._digest_before
+        kept = self._kept_calls_of_every_rank()
+        (self._latest_calls or self._first_calls).pop()
+        return recorded_mismatch_error(where, kept, number=self.collective_count)
+
+    def _final_barrier(self) -> None:
+        """The barrier that ends the job, as one allgather of each rank's count and digest of its
+        public collectives; raises the same CollectiveError on every rank when they differ."""
+        mine = torch.tensor([self.collective_count, self.calls_digest], dtype=torch.int64, device=self.device)
+        rows = [tuple(row.tolist()) for row in self._allgather(mine)]
+        if len(set(rows)) > 1:
+            raise recorded_mismatch_error(
+                f"the check at the end of the job on rank {self.rank} of {self.world_size} (backend {self.name}) "
+                f"found that the ranks made different collectives, which the communication library did not "
+                f"stop, so results that came from them may be wrong",
+                self._kept_calls_of_every_rank(),
+                [count for count, _ in rows],
+            )
 
     def _marked(self, call: str) -> ContextManager:
         """Record `call` as this rank's phase while it runs (read only by the stall report)."""

@@ -26,8 +26,10 @@ called and where. Without it a mismatch shows in the stall report
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+import zlib
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -45,6 +47,10 @@ __all__ = [
     "describe",
     "mismatch_error",
     "Call",
+    "fold",
+    "encode_calls",
+    "decode_calls",
+    "recorded_mismatch_error",
 ]
 
 DEBUG_ENV = "PARAFLOW_DEBUG"
@@ -98,12 +104,20 @@ class Call(NamedTuple):
 def _call(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: Any, site: str) -> Call:
     if tensor is None:
         return Call(collective, sequence, "", "", None, site[:_SITE_CHARS])
-    dims = list(tensor.shape)
+    return _recorded_call((collective, sequence, tensor.dtype, tensor.shape, argument, site))
+
+
+def _recorded_call(record: tuple) -> Call:
+    """The Call of a record the collectives keep: (collective, number, dtype or None, shape, argument, site)."""
+    collective, sequence, dtype, shape, argument, site = record
+    if dtype is None:
+        return Call(collective, sequence, "", "", None, site[:_SITE_CHARS])
+    dims = list(shape)
     if len(dims) > _MAX_DIMS:
-        dims = [*dims[:_MAX_DIMS], f"... {len(dims)} dims, {tensor.numel()} elements"]
-    shape = "[" + ", ".join(map(str, dims)) + "]"
-    dtype = str(tensor.dtype).replace("torch.", "")
-    return Call(collective, sequence, dtype, shape, argument if collective != "allgather" else None, site[:_SITE_CHARS])
+        dims = [*dims[:_MAX_DIMS], f"... {len(dims)} dims, {math.prod(shape)} elements"]
+    text = "[" + ", ".join(map(str, dims)) + "]"
+    kind = str(dtype).replace("torch.", "")
+    return Call(collective, sequence, kind, text, argument if collective != "allgather" else None, site[:_SITE_CHARS])
 
 
 def call_text(collective: str, sequence: int, tensor: Optional[torch.Tensor], argument: Any, site: str) -> str:
@@ -185,4 +199,79 @@ def mismatch_error(collective: str, rank: int, calls: list[Optional[Call]]) -> C
     return CollectiveError(
         f"{collective} on rank {rank}: {problem}: {describe(calls)}. Every rank must call the same "
         f"collectives in the same order, with tensors of the same shape and dtype and the same op / src."
+    )
+
+
+# ---------------------------------------------------------------- found after the fact
+# Without the check, each rank folds every public collective it makes into a digest (no
+# communication) and keeps its first and latest calls. The end of the job compares the digests in
+# the final barrier's place (one allgather), so a mismatch the library let through (gloo's
+# broadcast into a larger tensor completes) still fails the job, naming each rank's call; horovod's
+# own mismatch error is completed the same way with every rank's call.
+_CODES: dict = {}  # (collective, dtype, argument) -> a code that is the same in every process
+_RECORD_BYTES = 8192  # the JSON of one rank's kept calls, zero-padded
+
+
+def fold(digest: int, collective: str, dtype: Any, shape: tuple, argument: Any) -> int:
+    """`digest` with one call folded in: equal on two ranks only if their calls were (the code of
+    the strings is a CRC, since Python's str hash differs from process to process)."""
+    key = (collective, dtype, argument)
+    code = _CODES.get(key)
+    if code is None:
+        if len(_CODES) > 4096:
+            _CODES.clear()
+        code = _CODES[key] = zlib.crc32(repr(key).encode())
+    return hash((digest, code, shape))  # torch.Size hashes as the tuple of its sizes
+
+
+def encode_calls(records: list[tuple]) -> torch.Tensor:
+    """The kept calls (records as `_recorded_call` takes them) as a fixed-size byte tensor; the
+    oldest are left out when they do not fit."""
+    calls = [list(_recorded_call(r)) for r in records]
+    raw = json.dumps(calls).encode()
+    while len(raw) > _RECORD_BYTES and calls:
+        calls.pop(0)
+        raw = json.dumps(calls).encode()
+    return torch.frombuffer(bytearray(raw.ljust(_RECORD_BYTES, b"\0")), dtype=torch.uint8)
+
+
+def decode_calls(row: torch.Tensor) -> dict[int, Call]:
+    """A rank's kept calls from `encode_calls`'s bytes, by number."""
+    try:
+        calls = [Call(*c) for c in json.loads(bytes(row.cpu().tolist()).rstrip(b"\0"))]
+    except (ValueError, TypeError):
+        return {}
+    return {c.sequence: c for c in calls}
+
+
+def recorded_mismatch_error(
+    where: str, kept: list[dict[int, Call]], counts: Optional[list[int]] = None, number: Optional[int] = None
+) -> CollectiveError:
+    """The error every rank raises when the records of its calls (`kept`, by rank) show a mismatch.
+
+    Names call `number`, or else the earliest call number that every rank kept and on which they
+    differ; without one, the number of collectives each rank made (`counts`).
+    """
+    common = sorted(set.intersection(*(set(k) for k in kept))) if kept else []
+    if number is not None:
+        common = [number] if number in common else []
+    for number in common:
+        calls = [k[number] for k in kept]
+        problem = _mismatch(calls)
+        if problem is not None:
+            found = f"{problem}: {describe(calls)}"
+            break
+    else:
+        made = "; ".join(
+            f"rank {r} made {n} collectives" + (f", last {k[max(k)]}" if k else "")
+            for r, (n, k) in enumerate(zip(counts or [max(k, default=0) for k in kept], kept))
+        )
+        found = (
+            f"the ranks' records of their collectives differ ({made}); the first difference is older than "
+            f"the calls each rank keeps"
+        )
+    return CollectiveError(
+        f"{where}: {found}. Every rank must call the same collectives in the same order, with tensors of the "
+        f"same shape and dtype and the same op / src. PARAFLOW_DEBUG=1 (or paraflow.init(check_collectives=True)) "
+        f"makes a mismatch an error at the call."
     )

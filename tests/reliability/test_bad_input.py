@@ -60,6 +60,41 @@ def test_mismatched_collectives_fail_on_every_rank_naming_both_sides(backend, la
     assert [e["sum"] for e in finals] == [2.0, 2.0], "the job is unusable after the mismatches"
 
 
+# The mismatches horovod itself reports (one tensor name, other shapes or dtypes): without the check.
+HOROVOD_FINDS = [case for case in MISMATCHES if case.endswith(("-shape", "-ndim", "-dtype"))]
+
+
+@pytest.mark.timeout(240)
+@requires_horovod
+def test_horovods_own_mismatch_error_names_every_ranks_call():
+    result = run_worker("mpirun", 2, "mismatch.py", "horovod", "--unchecked", *HOROVOD_FINDS, timeout=180)
+    seen = events(result.stdout)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for case in HOROVOD_FINDS:
+        problem, call0, call1 = MISMATCHES[case]
+        for rank in (0, 1):
+            [outcome] = [e for e in seen if e["case"] == case and e["rank"] == rank]
+            message = outcome["message"] or ""
+            assert outcome["type"] == "CollectiveError" and problem in message, (case, outcome)
+            assert f"rank 0 called {call0}" in message and f"rank 1 called {call1}" in message, (case, message)
+    assert [e["sum"] for e in seen if e["case"] == "final"] == [2.0, 2.0], "a failed call counted as made"
+
+
+@pytest.mark.timeout(180)
+def test_a_mismatch_gloo_lets_through_fails_the_job_at_its_end_naming_both_calls():
+    """gloo completes a broadcast into a larger tensor: the end of the job finds it."""
+    result = run_worker("torchrun", 2, "mismatch.py", "ddp-gloo", "--unchecked", "broadcast-shape", timeout=150)
+    assert [e["outcome"] for e in events(result.stdout) if e["case"] == "broadcast-shape"] == ["ok", "ok"]
+    assert result.returncode != 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        assert re.search(
+            rf"CollectiveError: the check at the end of the job on rank {rank} of 2 .*: the tensor's shape differs "
+            r"across ranks: rank 0 called broadcast\(float32\[3\], src=0\) as collective #1 at mismatch\.py:\d+; "
+            r"rank 1 called broadcast\(float32\[4\], src=0\) as collective #1",
+            result.stderr,
+        ), result.stderr[-3000:]
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("backend, launcher", BACKENDS[:2])
 def test_debug_mode_stops_the_uneven_evaluation_at_once_naming_both_call_sites(backend, launcher):

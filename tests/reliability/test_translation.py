@@ -1,5 +1,7 @@
 """Unit tests, no processes: error translation and the collective descriptor."""
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -7,7 +9,17 @@ import torch
 
 from paraflow.backends.ddp.backend import unused_parameters_error
 from paraflow.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError, LauncherError
-from paraflow.reliability.collective_check import _call, _decode, _encode, _mismatch, describe
+from paraflow.reliability.collective_check import (
+    _call,
+    _decode,
+    _encode,
+    _mismatch,
+    decode_calls,
+    describe,
+    encode_calls,
+    fold,
+    recorded_mismatch_error,
+)
 from paraflow.reliability.deadlines import DeadlineExceeded, call_with_deadline, spin_until
 from paraflow.reliability.translation import startup_errors, translate_collective_error
 
@@ -181,3 +193,67 @@ def test_wait_until_returns_when_done_and_fails_after_the_deadline():
     wait_until(lambda: next(calls), 5, "polling")
     with pytest.raises(RuntimeError, match="polling timed out after 0.05 s"):
         wait_until(lambda: False, 0.05, "polling")
+
+
+_FOLD_CALLS = """
+import torch
+from paraflow.reliability.collective_check import fold
+digest = 0
+for call in [("allreduce", torch.float32, torch.Size([3]), "sum"), ("barrier", None, (), None),
+             ("broadcast", torch.int64, torch.Size([]), 1), ("allgather", torch.bfloat16, torch.Size([2, 2]), None)]:
+    digest = fold(digest, *call)
+print(digest)
+"""
+
+
+def test_the_digest_of_the_same_calls_is_the_same_in_every_process():
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", _FOLD_CALLS],
+            env={"PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "random")
+    }
+    assert len(digests) == 1, digests
+
+
+def test_the_digest_tells_every_kind_of_difference_apart():
+    base = ("allreduce", torch.float32, torch.Size([3]), "sum")
+    others = [
+        ("broadcast", torch.float32, torch.Size([3]), "sum"),
+        ("allreduce", torch.float64, torch.Size([3]), "sum"),
+        ("allreduce", torch.float32, torch.Size([4]), "sum"),
+        ("allreduce", torch.float32, torch.Size([3, 1]), "sum"),
+        ("allreduce", torch.float32, torch.Size([3]), "max"),
+    ]
+    assert len({fold(0, *call) for call in [base, *others]}) == 1 + len(others)
+    assert fold(fold(0, *base), *others[0]) != fold(fold(0, *others[0]), *base)
+
+
+def _kept(*shapes: int) -> dict:
+    records = [("allreduce", n + 1, torch.float32, torch.Size([s]), "sum", f"t.py:{n}") for n, s in enumerate(shapes)]
+    return decode_calls(encode_calls(records))
+
+
+def test_a_mismatch_found_later_names_the_first_differing_call_each_rank_kept():
+    error = recorded_mismatch_error("at the end", [_kept(1, 2, 3), _kept(1, 5, 6)])
+    assert "shape differs" in str(error)
+    assert "rank 0 called allreduce(float32[2], op=sum) as collective #2 at t.py:1" in str(error)
+    assert "rank 1 called allreduce(float32[5], op=sum) as collective #2" in str(error)
+    named = recorded_mismatch_error("at the call", [_kept(1, 2, 3), _kept(1, 5, 6)], number=3)
+    assert "rank 0 called allreduce(float32[3], op=sum) as collective #3" in str(named)
+
+
+def test_a_mismatch_older_than_the_kept_calls_still_names_every_rank():
+    error = recorded_mismatch_error("at the end", [_kept(1, 2), _kept(1, 2, 3)], counts=[40, 41])
+    assert "rank 0 made 40 collectives" in str(error) and "rank 1 made 41 collectives" in str(error)
+    assert "older than the calls each rank keeps" in str(error)
+
+
+def test_kept_calls_that_do_not_fit_lose_the_oldest():
+    records = [("allgather", n, torch.float32, torch.Size([n]), None, "x" * 90) for n in range(1, 200)]
+    kept = decode_calls(encode_calls(records))
+    assert max(kept) == 199 and min(kept) > 1 and kept[199].shape == "[199]"

@@ -27,7 +27,7 @@ from ...core.backend import Backend
 from ...core.options import check_one_of
 from ...environment.launchers import ProcessEnvironment
 from ...environment.scoped_env import ScopedEnv
-from ...errors import CollectiveError, ConfigurationError
+from ...errors import CollectiveError, ConfigurationError, ParaflowError
 from ...reliability.deadlines import DeadlineExceeded, spin_until, watchdog
 from ...reliability.stall import stall_facts
 from ...reliability.translation import translate_collective_error
@@ -191,8 +191,8 @@ class HorovodBackend(Backend):
             if not self._leaving_on_error:  # leaving on an error: others may sit in another collective
                 what = "barrier in shutdown() (leaving paraflow.init)"
                 try:  # nobody leaves while a rank still needs the job; a rank that never comes is an error
-                    with self.horovod_errors(what), self.bounded(what):
-                        hvd.barrier()
+                    with self.horovod_errors(what):
+                        self._final_barrier()
                 except Exception as exc:  # noqa: BLE001 - raised once horovod is shut down
                     error = exc
             hvd.shutdown()
@@ -308,7 +308,7 @@ class HorovodBackend(Backend):
     # One horovod operation each, behind the public collectives (paraflow.core.collectives).
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         what = f"allreduce ({op}) of a {_describe(tensor)}"
-        hvd = self._horovod()
+        hvd = self._started()
         with self.horovod_errors(what):
             handle = hvd.allreduce_async_(
                 tensor.contiguous(), name=f"paraflow.allreduce.{op}", op=getattr(hvd, _COLLECTIVE_OPS[op])
@@ -317,7 +317,7 @@ class HorovodBackend(Backend):
 
     def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         what = f"broadcast from rank {src} of a {_describe(tensor)}"
-        hvd = self._horovod()
+        hvd = self._started()
         with self.horovod_errors(what):
             handle = hvd.broadcast_async_(tensor.contiguous(), root_rank=src, name=f"paraflow.broadcast.{src}")
             return self._wait(handle)
@@ -325,7 +325,7 @@ class HorovodBackend(Backend):
     def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         # One leading row per rank: horovod then requires every other dimension to agree.
         what = f"allgather of a {_describe(tensor)}"
-        hvd = self._horovod()
+        hvd = self._started()
         with self.horovod_errors(what):
             handle = hvd.allgather_async(tensor.reshape(1, *tensor.shape), name="paraflow.allgather")
             return list(self._wait(handle).unbind(0))
@@ -379,6 +379,11 @@ class HorovodBackend(Backend):
 
     def _horovod(self):
         self._live()
+        return self._started()
+
+    def _started(self):
+        """horovod, for the collective hooks: the public call checked that the backend is live, and
+        shutdown's final barrier runs after it stopped being so."""
         if self._hvd is None or self.controller is None:
             raise self._not_initialized()
         return self._hvd
@@ -394,6 +399,10 @@ class HorovodBackend(Backend):
 
     def _raise_horovod_error(self, what: str, exc: Exception, start: float) -> None:
         """Raise the paraflow error for horovod's `exc` in `what`, begun at time.monotonic() `start`."""
+        if isinstance(exc, ParaflowError):  # translated inside: named again here only if it was translated
+            if getattr(exc, "original", None) is None:
+                return
+            exc = exc.original
         if isinstance(exc, ValueError):  # horovod refuses the tensor itself (dtype, layout)
             raise ConfigurationError(f"horovod cannot run the {what}: {exc}") from exc
         translated = translate_collective_error(  # a timeout or a lost rank: paraflow.reliability.translation
@@ -408,6 +417,13 @@ class HorovodBackend(Backend):
         )
         if translated is not None:
             raise translated from exc
+        if str(exc).startswith("Mismatched"):  # the coordinator's answer to every rank: name each one's call
+            try:
+                error = self._mismatch_seen_by_the_library(f"horovod {what} failed on rank {self.rank}")
+            except Exception:  # noqa: BLE001 - the message below still says what horovod found
+                error = None
+            if error is not None:
+                raise error from exc
         raise CollectiveError(  # HorovodInternalError: ranks disagree, or the job broke
             f"horovod {what} failed on rank {self.rank}: {str(exc).rstrip('.')}. Every rank must call the same "
             "collectives in the same order with tensors of the same shape and dtype."
