@@ -8,7 +8,7 @@ import torch
 
 from paraflow.backends.ddp.comm_hooks import compress_hook, pending_continuations, release_continuations, tracked_then
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(90)  # above the subprocess timeout of 60 s
 
 
 def test_release_waits_for_the_thread_that_ran_the_continuation():
