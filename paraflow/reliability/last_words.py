@@ -463,7 +463,9 @@ def report_dead_ranks(
                 continue
         line = compose(record, signal_name, records, directory)
         out = sys.stderr if file is None else file
-        out.write(line + "\n")
+        # On its own line even when the library's thread is halfway through one of its own (horovod
+        # writes its log lines in pieces), at the cost of a blank line otherwise.
+        out.write("\n" + line + "\n")
         out.flush()
         printed.append(rank)
     return printed

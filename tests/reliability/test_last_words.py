@@ -79,8 +79,8 @@ def test_a_rank_that_died_of_sigabrt_is_read_and_reported_once_by_the_first_read
         out = io.StringIO()
         assert report_dead_ranks(tmp_path, file=out) == [0]
         assert report_dead_ranks(tmp_path, file=io.StringIO()) == []  # printed once per job
-        assert out.getvalue().startswith(
-            "paraflow: rank 0 of 2 died (SIGABRT) in save at <string>:15, in allgather as collective #2 "
+        assert out.getvalue().startswith(  # on a line of its own, whatever another writer left unfinished
+            "\nparaflow: rank 0 of 2 died (SIGABRT) in save at <string>:15, in allgather as collective #2 "
             "(<string>:16, 4 int64); rank 1 was elsewhere: in allreduce as collective #2 at train.py:12. "
             f"Its Python stacks: {tmp_path / 'rank0.fault'}."
         ), out.getvalue()
