@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 from torch.utils.data import TensorDataset
 
@@ -10,9 +13,25 @@ from ..errors import ConfigurationError, MissingDependencyError
 __all__ = ["DATASETS", "load_dataset"]
 
 DATASETS = ("digits", "synthetic")
+_DIGITS = 1797  # images in scikit-learn's digits
 
 
-def _digits(seed: int, test_fraction: float) -> tuple[TensorDataset, TensorDataset]:
+def digits_cache_path() -> Path:
+    """Where the digits are kept after the first load: $XDG_CACHE_HOME/paraflow, else ~/.cache/paraflow."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "paraflow" / "digits.pt"
+
+
+def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's digits as (uint8 pixels 0-16, labels), read from the cache when it holds them:
+    importing scikit-learn takes longer than a short training run on them."""
+    path = digits_cache_path()
+    try:
+        pixels, labels = torch.load(path, weights_only=True)
+        if pixels.shape == (_DIGITS, 64) and pixels.dtype == torch.uint8 and labels.shape == (_DIGITS,):
+            return pixels, labels
+    except Exception:  # missing, unreadable or damaged: load them again
+        pass
     try:
         from sklearn.datasets import load_digits
     except ImportError:
@@ -21,8 +40,21 @@ def _digits(seed: int, test_fraction: float) -> tuple[TensorDataset, TensorDatas
             "`pip install scikit-learn` (or `pip install paraflow[data]`), or use --data synthetic."
         ) from None
     bunch = load_digits()
-    x = torch.tensor(bunch.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
-    y = torch.tensor(bunch.target, dtype=torch.long)
+    pixels = torch.tensor(bunch.data, dtype=torch.uint8)
+    labels = torch.tensor(bunch.target, dtype=torch.long)
+    try:  # several ranks may write at once: each writes its own file, and the rename is atomic
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        torch.save((pixels, labels), partial)
+        os.replace(partial, path)
+    except OSError:  # a read-only home: no cache, the data is the same
+        pass
+    return pixels, labels
+
+
+def _digits(seed: int, test_fraction: float) -> tuple[TensorDataset, TensorDataset]:
+    pixels, y = _digits_tensors()
+    x = pixels.to(torch.float32).reshape(-1, 1, 8, 8) / 16.0
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     n_test = int(len(y) * test_fraction)
     test, train = order[:n_test], order[n_test:]
