@@ -47,30 +47,51 @@ LONG_CASES = {
     "tests/backends/ddp/test_comm_hooks.py::test_exit_after_a_hook_whose_thread_still_holds_its_continuation[torch]",
     "tests/backends/horovod/test_horovod.py::test_real_ranks[horovodrun-sum]",
     "tests/backends/horovod/test_horovod.py::test_real_ranks[torchrun-fp16-predivide]",
+    "tests/core/test_collectives.py::test_collectives_match_hand_computed_results[ddp-gloo-mpirun]",
+    "tests/core/test_collectives.py::test_collectives_match_hand_computed_results[horovod-horovodrun]",
+    "tests/core/test_collectives.py::test_collectives_match_hand_computed_results[horovod-torchrun]",
+    "tests/core/test_portable.py::test_the_same_script_runs_unchanged_and_ignores_the_other_backends_options"
+    "[fsdp-torchrun]",
     "tests/core/test_portable.py::test_the_same_script_runs_unchanged_and_ignores_the_other_backends_options"
     "[horovod-horovodrun]",
+    "tests/core/test_portable.py::test_the_same_script_runs_unchanged_and_ignores_the_other_backends_options"
+    "[single-python]",
+    "tests/core/test_two_sessions.py::test_a_second_init_in_the_same_process_starts_a_fresh_group[fsdp-torchrun]",
+    "tests/reliability/test_bad_input.py::test_mismatched_collectives_fail_on_every_rank_naming_both_sides"
+    "[horovod-horovodrun]",
     "tests/reliability/test_bad_input.py::test_taken_port_started_by_hand_is_named_and_nobody_waits_forever[horovod]",
+    "tests/reliability/test_bad_input.py::test_unused_parameters_train_when_handled[horovod]",
     "tests/reliability/test_bad_input.py::test_world_size_larger_than_the_started_processes[horovod]",
     "tests/reliability/test_error_messages.py::test_a_timeout_inside_a_call_names_that_call_the_rank_and_the_silent_rank"
     "[wrap_model]",
-    "tests/reliability/test_stall.py::test_uneven_evaluation_ends_with_a_stall_report_naming_each_ranks_collective"
-    "[horovod-mpirun]",
     "tests/reliability/test_stall.py::test_save_under_if_rank_0_gives_a_stall_report_naming_both_calls_and_the_fix"
     "[horovod-mpirun]",
     "tests/reliability/test_stall.py::test_stall_watch_adds_no_operation_per_step[horovod-mpirun]",
-    "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[single-python1]",
-    "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[ddp-gloo-python1]",
+    "tests/reliability/test_stall.py::test_uneven_evaluation_ends_with_a_stall_report_naming_each_ranks_collective"
+    "[horovod-mpirun]",
+    "tests/reliability/test_stall.py::test_uneven_shards_fail_before_the_first_step_naming_join_and_drop_last"
+    "[horovod-mpirun]",
     "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[ddp-gloo-mpirun2]",
+    "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[ddp-gloo-python1]",
     "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[horovod-horovodrun2]",
+    "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[horovod-mpirun2]",
     "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[horovod-torchrun2]",
+    "tests/test_train_script.py::test_train_reaches_accuracy_bar_on_digits[single-python1]",
     "tests/tools/test_run.py::test_train_py_runs_on_two_ranks[horovod-horovodrun-horovodrun]",
+    "tests/training/test_compression.py::test_compressed_training_stays_within_the_wire_dtype_precision"
+    "[ddp-gloo-torchrun-bf16]",
+    "tests/training/test_equivalence.py::test_accumulate_matches_one_step_on_the_whole_batch[horovod-mpirun]",
     "tests/training/test_equivalence.py::test_horovod_gradient_accumulation_matches_single[no_sync-horovodrun]",
     "tests/training/test_porting_gradients.py::test_clip_grad_norm_between_backward_and_step_matches_one_process_bit_for_bit"
     "[horovod-gloo]",
-    "tests/training/test_porting_gradients.py::test_no_sync_around_the_forward_only_accumulates_as_on_ddp[horovod-gloo]",
     "tests/training/test_porting_gradients.py::test_clip_grad_value_matches_one_process_bit_for_bit[ddp-gloo]",
-    "tests/training/test_resume.py::test_resumed_run_is_bitwise_equal_to_the_straight_run[horovod]",
+    "tests/training/test_porting_gradients.py::test_clip_grad_value_matches_one_process_bit_for_bit[fsdp]",
+    "tests/training/test_porting_gradients.py::test_no_sync_around_the_forward_only_accumulates_as_on_ddp"
+    "[horovod-gloo]",
     "tests/training/test_resume.py::test_checkpoint_resumes_under_the_other_backend[ddp-gloo-horovod]",
+    "tests/training/test_resume.py::test_resumed_run_is_bitwise_equal_to_the_straight_run[horovod]",
+    "tests/training/test_train_flags.py::test_uneven_shards_join_and_checkpoint_after_the_join[horovod]",
+    "tests/training/test_uneven.py::test_skewed_ranks_finish_with_the_same_model_and_optimizer[horovod-mpirun]",
 }
 
 
