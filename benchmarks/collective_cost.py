@@ -76,27 +76,26 @@ def training_step(backend, rounds: int) -> None:
         torch.manual_seed(0)
         return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
 
-    watched = backend.wrap_model(model())
-    activity, backend._activity = backend._activity, None  # the second model gets no markers
-    plain = backend.wrap_model(model())
+    activity = backend._activity
+    nets, optimizers = {}, {}
+    for key in ("on", "off"):
+        backend._activity = activity if key == "on" else None  # the second model and optimizer get no markers
+        nets[key] = backend.wrap_model(model())
+        optimizers[key] = backend.wrap_optimizer(torch.optim.SGD(nets[key].parameters(), lr=0.01), nets[key])
     backend._activity = activity
-    optimizers = {}
-    for key, net in (("on", watched), ("off", plain)):
-        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-        if key == "on":
-            backend.wrap_optimizer(optimizer)  # the step marker
-        optimizers[key] = optimizer
     x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
 
-    def step(key, net):
+    def step(key):
         def run():
+            backend._activity = activity if key == "on" else None  # horovod's step reads it at each call
             optimizers[key].zero_grad()
-            F.cross_entropy(net(x), y).backward()
+            F.cross_entropy(nets[key](x), y).backward()
             optimizers[key].step()
+            backend._activity = activity
 
         return run
 
-    on, off = step("on", watched), step("off", plain)
+    on, off = step("on"), step("off")
     interleaved(backend, on, off, 20, 2)
     mine, raw, ratio = interleaved(backend, on, off, 20, rounds)
     if backend.is_main:
