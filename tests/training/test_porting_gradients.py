@@ -32,14 +32,23 @@ RUNS = {
 }
 
 
-def run(directory, kind, mode):
-    """Train under `kind` (a RUNS key, or "single"); the final parameters and each rank's report."""
+MODES = ("clip", "value", "no_sync", "plain")
+
+
+def run(directory, kind):
+    """Train under `kind` (a RUNS key, or "single") in every mode, in one job: per mode, the final
+    parameters and each rank's report."""
     backend, launcher = RUNS.get(kind, ("single", "python"))
     nproc = 1 if kind == "single" else 2
-    out = directory / f"{kind}-{mode}.pt"
-    launch_ok(launcher, nproc, [SCRIPT, backend, out, mode], timeout=180)
-    reports = [json.loads(out.with_name(f"{out.name}.rank{r}.json").read_text()) for r in range(nproc)]
-    return torch.load(out, weights_only=True), reports
+    out = directory / kind
+    out.mkdir()
+    launch_ok(launcher, nproc, [SCRIPT, backend, out, ",".join(MODES)], timeout=240)
+    results = {}
+    for mode in MODES:
+        params = out / f"{mode}.pt"
+        reports = [json.loads(params.with_name(f"{params.name}.rank{r}.json").read_text()) for r in range(nproc)]
+        results[mode] = torch.load(params, weights_only=True), reports
+    return results
 
 
 def assert_bit_identical(a, b):
@@ -50,14 +59,14 @@ def assert_bit_identical(a, b):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """Lazily, per (kind, mode): one run each, shared by the tests of this module."""
+    """Lazily, per kind: one job each, shared by the tests of this module."""
     directory = tmp_path_factory.mktemp("porting-gradients")
     cache = {}
 
     def get(kind, mode):
-        if (kind, mode) not in cache:
-            cache[kind, mode] = run(directory, kind, mode)
-        return cache[kind, mode]
+        if kind not in cache:
+            cache[kind] = run(directory, kind)
+        return cache[kind][mode]
 
     return get
 

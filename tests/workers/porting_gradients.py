@@ -1,15 +1,15 @@
 """Train a small model whose blocks sit in an nn.ModuleList, written as a ported DDP script is.
 
-Usage: <launcher> python tests/workers/porting_gradients.py BACKEND OUT MODE
-MODE:
+Usage: <launcher> python tests/workers/porting_gradients.py BACKEND OUTDIR MODE[,MODE...]
+Each MODE trains a fresh model in the same job, one after the other:
     clip      backward, then backend.clip_grad_norm_(model, MAX_NORM), then optimizer.step()
     value     the same with backend.clip_grad_value_(model, MAX_VALUE)
     no_sync   two micro-batches per step; the first one's forward (only) under backend.no_sync
     plain     one backward per step, nothing else
 Every global batch is drawn from the step number; rank r of n takes rows [r*B/n, (r+1)*B/n).
 One process (single) accumulates the same global batch, each rank's share as one micro-batch
-with its loss divided by the number of shares. Rank 0 writes the final parameters to OUT, and
-every rank writes OUT.rank<r>.json with the total norms clip_grad_norm_ returned and, for
+with its loss divided by the number of shares. Per MODE, rank 0 writes the final parameters to
+OUTDIR/MODE.pt, and every rank writes OUTDIR/MODE.pt.rank<r>.json with the total norms clip_grad_norm_ returned and, for
 no_sync, the gradient messages each of the two backward passes of a step started.
 """
 
@@ -58,46 +58,51 @@ def batch(step: int):
     return torch.randn(GLOBAL_BATCH, 16, generator=g), torch.randint(0, 10, (GLOBAL_BATCH,), generator=g)
 
 
-def main(name: str, out: str, mode: str) -> None:
+def train(backend, name: str, out: str, mode: str) -> None:
     norms, sent = [], []
+    torch.manual_seed(SEED)
+    model = backend.wrap_model(Net())
+    optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), model)
+    messages = _count_gradient_messages(model, optimizer, name) if mode == "no_sync" else [0]
+    n, r = backend.world_size, backend.rank
+    share = GLOBAL_BATCH // SHARES
+    for step in range(STEPS):
+        x, y = batch(step)
+        optimizer.zero_grad()
+        if n == 1:  # the whole global batch, one share at a time
+            for k in range(SHARES):
+                rows = slice(k * share, (k + 1) * share)
+                (F.cross_entropy(model(x[rows]), y[rows]) / SHARES).backward()
+        elif mode == "no_sync":  # each rank's share in two micro-batches, the first not reduced
+            half = share // 2
+            xs, ys = x[r * share : (r + 1) * share], y[r * share : (r + 1) * share]
+            with backend.no_sync(model):
+                loss = F.cross_entropy(model(xs[:half]), ys[:half]) / 2
+            before = messages[0]
+            loss.backward()  # outside the context, as DDP code does it
+            between = messages[0]
+            (F.cross_entropy(model(xs[half:]), ys[half:]) / 2).backward()
+            sent.append([between - before, messages[0] - between])
+        else:
+            rows = slice(r * share, (r + 1) * share)
+            F.cross_entropy(model(x[rows]), y[rows]).backward()
+        if mode == "clip":
+            norms.append(backend.clip_grad_norm_(model, MAX_NORM).item())
+        elif mode == "value":
+            backend.clip_grad_value_(model, MAX_VALUE)
+        optimizer.step()
+    state = backend.unwrap(model).state_dict()
+    state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
+    if backend.is_main:
+        torch.save({k: v.cpu() for k, v in state.items()}, out)
+    with open(f"{out}.rank{r}.json", "w") as f:
+        json.dump({"norms": norms, "sent": sent, "blocks": getattr(model, "paraflow_blocks", None)}, f)
+
+
+def main(name: str, outdir: str, modes: str) -> None:
     with paraflow.init(name) as backend:
-        torch.manual_seed(SEED)
-        model = backend.wrap_model(Net())
-        optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), model)
-        messages = _count_gradient_messages(model, optimizer, name) if mode == "no_sync" else [0]
-        n, r = backend.world_size, backend.rank
-        share = GLOBAL_BATCH // SHARES
-        for step in range(STEPS):
-            x, y = batch(step)
-            optimizer.zero_grad()
-            if n == 1:  # the whole global batch, one share at a time
-                for k in range(SHARES):
-                    rows = slice(k * share, (k + 1) * share)
-                    (F.cross_entropy(model(x[rows]), y[rows]) / SHARES).backward()
-            elif mode == "no_sync":  # each rank's share in two micro-batches, the first not reduced
-                half = share // 2
-                xs, ys = x[r * share : (r + 1) * share], y[r * share : (r + 1) * share]
-                with backend.no_sync(model):
-                    loss = F.cross_entropy(model(xs[:half]), ys[:half]) / 2
-                before = messages[0]
-                loss.backward()  # outside the context, as DDP code does it
-                between = messages[0]
-                (F.cross_entropy(model(xs[half:]), ys[half:]) / 2).backward()
-                sent.append([between - before, messages[0] - between])
-            else:
-                rows = slice(r * share, (r + 1) * share)
-                F.cross_entropy(model(x[rows]), y[rows]).backward()
-            if mode == "clip":
-                norms.append(backend.clip_grad_norm_(model, MAX_NORM).item())
-            elif mode == "value":
-                backend.clip_grad_value_(model, MAX_VALUE)
-            optimizer.step()
-        state = backend.unwrap(model).state_dict()
-        state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
-        if backend.is_main:
-            torch.save({k: v.cpu() for k, v in state.items()}, out)
-        with open(f"{out}.rank{r}.json", "w") as f:
-            json.dump({"norms": norms, "sent": sent, "blocks": getattr(model, "paraflow_blocks", None)}, f)
+        for mode in modes.split(","):
+            train(backend, name, f"{outdir}/{mode}.pt", mode)
 
 
 if __name__ == "__main__":
