@@ -19,7 +19,7 @@ lint: install
 
 # Two test processes (pytest-xdist): most multi-process tests wait on their ranks or a timeout.
 test: lint
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 --dist loadgroup
 
 test-long: install
 	$(PY) -m pytest -m "long and not soak and not cluster"

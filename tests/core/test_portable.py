@@ -8,6 +8,9 @@ unchanged under plain python (single), torchrun (ddp-gloo, fsdp), mpirun and hor
 import pytest
 from conftest import WORKERS, launch_ok, read_rank_json, requires_horovod
 
+# Its tests share launches (a module-scoped fixture): `make test` keeps them in one test process.
+pytestmark = pytest.mark.xdist_group("portable")
+
 RUNS = [
     pytest.param("single", "python", 1, id="single-python"),
     pytest.param("ddp-gloo", "torchrun", 2, id="ddp-gloo-torchrun"),

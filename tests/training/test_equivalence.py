@@ -4,6 +4,9 @@ import pytest
 import torch
 from conftest import WORKERS, launch_ok, requires_horovod
 
+# Its tests share launches (a module-scoped fixture): `make test` keeps them in one test process.
+pytestmark = pytest.mark.xdist_group("equivalence")
+
 SCRIPT = WORKERS / "equivalence.py"
 
 
@@ -19,9 +22,15 @@ def assert_same_parameters(a, b):
         torch.testing.assert_close(a[key], b[key], rtol=1e-10, atol=1e-12, msg=key)
 
 
+@pytest.fixture(scope="module")
+def ddp_gloo(tmp_path_factory):
+    """ddp-gloo on 2 ranks, trained once for the tests that compare with it."""
+    return train(tmp_path_factory.mktemp("ddp-gloo"), "ddp-gloo", "torchrun", 2)
+
+
 @pytest.mark.timeout(300)
-def test_ddp_gloo_two_ranks_matches_single_on_whole_batch(tmp_path, float64_reference):
-    assert_same_parameters(train(tmp_path, "ddp-gloo", "torchrun", 2), float64_reference)
+def test_ddp_gloo_two_ranks_matches_single_on_whole_batch(ddp_gloo, float64_reference):
+    assert_same_parameters(ddp_gloo, float64_reference)
 
 
 @pytest.mark.timeout(300)
@@ -42,10 +51,10 @@ def test_training_actually_moves_parameters(float64_reference):
 
 @requires_horovod
 @pytest.mark.timeout(300)
-def test_horovod_two_ranks_matches_ddp_gloo_and_single(tmp_path, float64_reference):
+def test_horovod_two_ranks_matches_ddp_gloo_and_single(tmp_path, float64_reference, ddp_gloo):
     horovod = train(tmp_path, "horovod", "mpirun", 2)
     assert_same_parameters(horovod, float64_reference)
-    assert_same_parameters(horovod, train(tmp_path, "ddp-gloo", "torchrun", 2))
+    assert_same_parameters(horovod, ddp_gloo)
 
 
 @requires_horovod

@@ -22,6 +22,9 @@ import paraflow
 from paraflow.backends.fsdp.wrap import choose_blocks
 from paraflow.errors import ConfigurationError
 
+# Its tests share launches (a module-scoped fixture): `make test` keeps them in one test process.
+pytestmark = pytest.mark.xdist_group("porting-gradients")
+
 SCRIPT = WORKERS / "porting_gradients.py"
 MAX_NORM = 0.05  # as in the worker
 RUNS = {

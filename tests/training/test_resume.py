@@ -8,6 +8,9 @@ import pytest
 import torch
 from conftest import ROOT, launch_ok, requires_horovod
 
+# Its tests share launches (a module-scoped fixture): `make test` keeps them in one test process.
+pytestmark = pytest.mark.xdist_group("resume")
+
 TRAIN = ROOT / "train.py"
 HALF = 3  # optimizer steps; 4 batches per rank per epoch at 2 batches per step: step 3 is mid-epoch
 LAUNCHERS = {"ddp-gloo": "torchrun", "horovod": "mpirun"}

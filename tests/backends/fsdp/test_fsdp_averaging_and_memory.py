@@ -8,6 +8,9 @@ from conftest import launch_ok, read_rank_json
 
 from paraflow.bench.report.tables import TRAINING_COLUMNS, build_tables
 
+# Its tests share launches (a module-scoped fixture): `make test` keeps them in one test process.
+pytestmark = pytest.mark.xdist_group("fsdp-averaging")
+
 CHECKS = Path(__file__).resolve().parent / "workers" / "checks.py"
 
 
