@@ -17,9 +17,8 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 
-# Two test processes (pytest-xdist): most multi-process tests wait on their ranks or a timeout.
 test: lint
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest
 
 test-long: install
 	$(PY) -m pytest -m "long and not soak and not cluster"
