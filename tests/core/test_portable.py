@@ -8,7 +8,7 @@ unchanged under plain python (single), torchrun (ddp-gloo, fsdp), mpirun and hor
 import pytest
 from conftest import WORKERS, launch_ok, read_rank_json, requires_horovod
 
-# Its tests share launches (a module-scoped fixture): `make test` keeps them in one test process.
+# Its tests share launches (a module-scoped fixture): under `pytest -n 2 --dist loadgroup` they stay in one process.
 pytestmark = pytest.mark.xdist_group("portable")
 
 RUNS = [

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import WORKERS, launch_ok, requires_horovod
 
-# Its tests share launches (a module-scoped fixture): `make test` keeps them in one test process.
+# Its tests share launches (a module-scoped fixture): under `pytest -n 2 --dist loadgroup` they stay in one process.
 pytestmark = pytest.mark.xdist_group("equivalence")
 
 SCRIPT = WORKERS / "equivalence.py"

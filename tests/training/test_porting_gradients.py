@@ -22,7 +22,7 @@ import paraflow
 from paraflow.backends.fsdp.wrap import choose_blocks
 from paraflow.errors import ConfigurationError
 
-# Its tests share launches (a module-scoped fixture): `make test` keeps them in one test process.
+# Its tests share launches (a module-scoped fixture): under `pytest -n 2 --dist loadgroup` they stay in one process.
 pytestmark = pytest.mark.xdist_group("porting-gradients")
 
 SCRIPT = WORKERS / "porting_gradients.py"

@@ -8,7 +8,7 @@ from conftest import launch_ok, read_rank_json
 
 from paraflow.bench.report.tables import TRAINING_COLUMNS, build_tables
 
-# Its tests share launches (a module-scoped fixture): `make test` keeps them in one test process.
+# Its tests share launches (a module-scoped fixture): under `pytest -n 2 --dist loadgroup` they stay in one process.
 pytestmark = pytest.mark.xdist_group("fsdp-averaging")
 
 CHECKS = Path(__file__).resolve().parent / "workers" / "checks.py"
