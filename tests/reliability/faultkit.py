@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +40,24 @@ def fault_env(**extra: str) -> dict:
 
 
 def run_worker(launcher: str, nproc: int, script: str, *args, timeout: float = 150, env: dict | None = None):
-    """Launch tests/reliability/workers/`script` with `args`; fail the test if the launch itself hangs."""
-    return launch(launcher, nproc, [FAULT_WORKERS / script, *args], timeout=timeout, env=fault_env(**(env or {})))
+    """Launch tests/reliability/workers/`script` with `args`; fail the test if the launch itself hangs.
+
+    The ranks' EVENT records come through a file (workers/report.py), appended to the stdout
+    of the result whole, in the order the ranks wrote them.
+    """
+    fd, path = tempfile.mkstemp(prefix="pf-tests-events-")
+    os.close(fd)
+    try:
+        result = launch(
+            launcher,
+            nproc,
+            [FAULT_WORKERS / script, *args],
+            timeout=timeout,
+            env=fault_env(FAULT_EVENTS=path, **(env or {})),
+        )
+        return dataclasses.replace(result, stdout=result.stdout + Path(path).read_text())
+    finally:
+        os.unlink(path)
 
 
 def events(text: str) -> list[dict]:
