@@ -181,9 +181,20 @@ def test_a_killed_rank_ends_the_run_with_every_process_gone(no_leftovers, tmp_pa
 
 
 def test_ctrl_c_kills_every_process_it_started(no_leftovers, tmp_path):
+    """SIGINT as a terminal's Ctrl-C sends it.
+
+    A process started with SIGINT ignored keeps ignoring it (so does Python): a background job of
+    a script (``pytest &``) is started that way, so the command gets SIGINT's default action back.
+    """
     cmd = [PY, "-m", "paraflow.cli", "run", "-n", "2", "--backend", "ddp-gloo", PROBE, "sleep", str(tmp_path)]
     proc = subprocess.Popen(
-        cmd, env=no_leftovers, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        env=no_leftovers,
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 180
     while len(list(tmp_path.glob("started*"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
