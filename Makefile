@@ -17,8 +17,9 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 
+# Two test processes, one per core; a module whose tests share launches stays in one (xdist_group).
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup
 
 test-long: install
 	$(PY) -m pytest -m "long and not soak and not cluster"
