@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from ...environment.cache import cache_dir
 from ...environment.mpi_library import find_mpicc, linked_library, mpi_family, wrapper_mpi
 from .info import HOROVOD_VERSION
 
@@ -64,8 +65,7 @@ def wheel_cache() -> Path:
     """Where built wheels are kept: PARAFLOW_WHEEL_CACHE, else ~/.cache/paraflow/wheels."""
     if os.environ.get("PARAFLOW_WHEEL_CACHE"):
         return Path(os.environ["PARAFLOW_WHEEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "paraflow" / "wheels"
+    return cache_dir() / "wheels"
 
 
 def _python_facts(python: str) -> dict:
