@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import torch
 from torch.utils.data import TensorDataset
 
+from ..environment.cache import cache_dir
 from ..errors import ConfigurationError, MissingDependencyError
 
 __all__ = ["DATASETS", "load_dataset"]
@@ -18,8 +20,7 @@ _DIGITS = 1797  # images in scikit-learn's digits
 
 def digits_cache_path() -> Path:
     """Where the digits are kept after the first load: $XDG_CACHE_HOME/paraflow, else ~/.cache/paraflow."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "paraflow" / "digits.pt"
+    return cache_dir() / "digits.pt"
 
 
 def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,13 +43,15 @@ def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
     bunch = load_digits()
     pixels = torch.tensor(bunch.data, dtype=torch.uint8)
     labels = torch.tensor(bunch.target, dtype=torch.long)
-    try:  # several ranks may write at once: each writes its own file, and the rename is atomic
+    # Several ranks may write at once: each writes its own file, and the rename is atomic.
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         torch.save((pixels, labels), partial)
         os.replace(partial, path)
-    except OSError:  # a read-only home: no cache, the data is the same
-        pass
+    except (OSError, RuntimeError):  # a read-only home or a full disk (torch.save's writer): no cache
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
     return pixels, labels
 
 

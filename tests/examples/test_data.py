@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,3 +61,14 @@ def test_a_cache_that_cannot_be_written_still_gives_the_data(tmp_path, monkeypat
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # the cache directory would be inside a file
     train, test = load_dataset("digits")
     assert len(train) + len(test) == 1797 and not digits_cache_path().exists()
+
+
+def test_a_write_that_fails_midway_leaves_no_partial_file_and_still_gives_the_data(cache_home, monkeypatch):
+    def fail_midway(obj, path):  # as torch.save's writer fails on a full disk
+        Path(path).write_bytes(b"half a file")
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", fail_midway)
+    train, test = load_dataset("digits")
+    assert len(train) + len(test) == 1797
+    assert list((cache_home / "paraflow").iterdir()) == []
