@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -10,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from conftest import RANK_ENV, ROOT, launch
@@ -55,7 +54,7 @@ def run_worker(launcher: str, nproc: int, script: str, *args, timeout: float = 1
             timeout=timeout,
             env=fault_env(FAULT_EVENTS=path, **(env or {})),
         )
-        return dataclasses.replace(result, stdout=result.stdout + Path(path).read_text())
+        return replace(result, stdout=result.stdout + Path(path).read_text())
     finally:
         os.unlink(path)
 
