@@ -39,6 +39,7 @@ from typing import Any, Callable, Optional
 from ..environment.launchers import free_port, launcher_variables
 from ..errors import ConfigurationError, LaunchTimeoutError, MissingDependencyError, RankFailedError
 from ..reliability.last_words import JOB_DIR_ENV, job_ended, mark_ended, new_job_directory, report_dead_ranks
+from ..reliability.translation import is_peer_lost
 from .launch import kill_group, kill_tree
 
 __all__ = ["launch", "run_workers", "RankOutcome", "DEFAULT_TIME_LIMIT", "call_in_backend"]
@@ -65,6 +66,14 @@ class RankOutcome:
     def when(self) -> float:
         """When it failed: its error's time, else when its output closed or its exit was seen."""
         return (self.error or {}).get("time") or self.ended_at or float("inf")
+
+    def cause_order(self) -> tuple:
+        """Sorts the rank that failed on its own first: a rank that lost a peer failed because of that peer.
+
+        A killed rank's time is when the caller saw it go, which can come after the error its
+        peer raised on losing the connection.
+        """
+        return bool((self.error or {}).get("peer_lost")), self.when()
 
     def summary(self) -> str:
         """One line: what it raised or how it died."""
@@ -291,11 +300,11 @@ def _read_result(outcome: RankOutcome, path: Path) -> None:
 
 
 def raise_for_outcomes(outcomes: list[RankOutcome], time_limit: Optional[float]) -> None:
-    """Raise RankFailedError for the first rank that failed, else LaunchTimeoutError if one was stopped."""
+    """Raise RankFailedError for the rank that failed first on its own, else LaunchTimeoutError if one was stopped."""
     n = len(outcomes)
     failed = [o for o in outcomes if o.status in ("error", "died")]
     if failed:
-        first = min(failed, key=RankOutcome.when)
+        first = min(failed, key=RankOutcome.cause_order)
         others = {o.rank: o.summary() for o in failed if o is not first}
         if first.error:
             kind, text = first.error["type"], first.error["traceback"]
@@ -400,6 +409,7 @@ def _describe(exc: BaseException) -> dict:
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
         "time": time.time(),
+        "peer_lost": is_peer_lost(exc),
     }
 
 

@@ -87,6 +87,23 @@ def test_a_killed_rank_is_named_with_its_signal(no_leftovers):
     assert (info.value.rank, info.value.error_type) == (0, "killed by SIGKILL")
 
 
+def test_a_death_seen_after_the_peer_lost_it_is_still_the_rank_reported():
+    """The caller may see a killed rank go after its peer has raised on the lost connection."""
+    from paraflow.tools.spawn import RankOutcome, _describe, raise_for_outcomes
+
+    message = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:7821"
+    try:
+        raise RuntimeError(message)
+    except RuntimeError as exc:
+        lost = _describe(exc)
+    survivor = RankOutcome(1, status="error", error=lost, returncode=1)
+    killed = RankOutcome(0, status="died", returncode=-signal.SIGKILL, ended_at=lost["time"] + 1.0)
+    with pytest.raises(RankFailedError) as info:
+        raise_for_outcomes([killed, survivor], None)
+    assert (info.value.rank, info.value.error_type) == (0, "killed by SIGKILL")
+    assert info.value.others == {1: f"RuntimeError: {message}"}
+
+
 def test_a_function_read_from_stdin_and_import_paraflow_stays_light(no_leftovers):
     program = (
         "import sys, paraflow, torch\n"
