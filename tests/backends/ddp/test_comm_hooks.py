@@ -63,6 +63,7 @@ def _hook_exit(kind: str, python: str):
     )
 
 
+@pytest.mark.timeout(420)  # up to six runs of at most 60 s each
 @pytest.mark.parametrize("kind", ["torch", "paraflow"])
 def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, python):
     """An abort at exit: gloo's thread wants the GIL during shutdown.
@@ -70,12 +71,12 @@ def test_exit_after_a_hook_whose_thread_still_holds_its_continuation(kind, pytho
     With torch's own hook the process aborts after a successful backward ("terminate called
     without an active exception", or Python's "Fatal Python error" when the thread reaches the
     interpreter while it finalizes: the same race); with paraflow's it waits for the release and
-    exits 0. The abort
-    is a race that the worker makes likely, not certain: torch's hook must abort in at least one
-    of three runs, paraflow's must exit 0 in every one.
+    exits 0. The abort is a race that the worker makes likely, not certain (about two runs in
+    three abort on a loaded machine): torch's hook must abort in at least one of six runs, and
+    paraflow's must exit 0 in each of three.
     """
     results = []
-    for _ in range(3):
+    for _ in range(6 if kind == "torch" else 3):
         result = _hook_exit(kind, python)
         assert "backward done" in result.stdout, result.stderr[-3000:]
         results.append(result)
