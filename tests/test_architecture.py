@@ -53,7 +53,7 @@ def test_the_contracts_hold():
             "Each layer imports only the layers below it",
         ),
         (
-            "training/join.py",
+            "training/object_collectives.py",
             "def _hvd():\n    import horovod.torch  # noqa\n",
             "Only paraflow.backends.horovod imports horovod",
         ),

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-__all__ = ["broadcast_object", "allgather_objects"]
+__all__ = ["broadcast_object", "allgather_objects", "copy_state_from"]
 
 
 def _to_bytes(obj: Any) -> torch.Tensor:
@@ -43,3 +43,16 @@ def allgather_objects(backend: Any, obj: Any) -> list:
     padded[: payload.numel()] = payload
     gathered = backend.allgather(padded)
     return [_from_bytes(t[: int(s.item())]) for t, s in zip(gathered, sizes)]
+
+
+def copy_state_from(backend: Any, objects: Sequence[Any], src: int) -> None:
+    """Load rank `src`'s ``state_dict()`` of each object into the same object on every rank.
+
+    Uneven inputs: after DDP's ``Join`` or Horovod's ``hvd.join()`` the model, and any optimizer
+    or gradient scaler passed in, are copied from the last rank to finish, so every rank leaves
+    the context with the same state.
+    """
+    for obj in objects:
+        state = broadcast_object(backend, obj.state_dict() if backend.rank == src else None, src=src)
+        if backend.rank != src:
+            obj.load_state_dict(state)

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ...errors import ConfigurationError
 from ...reliability.translation import collective_errors
-from ...training.join import copy_state_from
+from ...training.object_collectives import copy_state_from
 from ..torch_distributed import TorchDistributedBackend
 from .comm_hooks import compress_hook, release_continuations
 

@@ -31,8 +31,8 @@ from ...errors import CollectiveError, ConfigurationError, ParaflowError
 from ...reliability.deadlines import DeadlineExceeded, spin_until, watchdog
 from ...reliability.stall import stall_facts
 from ...reliability.translation import translate_collective_error
-from ...training.join import copy_state_from
 from ...training.no_sync import forward_decided_sync
+from ...training.object_collectives import copy_state_from
 from .info import horovod_missing_reason, import_horovod
 from .optimizer import distributed_optimizer, resume_gradient_allreduce, stop_gradient_allreduce
 from .start import check_horovod_world, choose_controller, note_mpi_shut_down, set_knobs, start_gloo, start_mpi
