@@ -158,7 +158,10 @@ class TorchDistributedBackend(Backend):
     # One call into torch each, behind the public collectives (paraflow.core.collectives).
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         work = self._on_comm_device(tensor)
-        reduce_op, divide = self._reduce_ops[op]
+        if op == "mean" and self._nccl:  # NCCL averages itself
+            reduce_op, divide = dist.ReduceOp.AVG, False
+        else:
+            reduce_op, divide = getattr(dist.ReduceOp, _TORCH_OPS[op]), op == "mean"
         dist.all_reduce(work, op=reduce_op)
         if divide:
             work.div_(self.world_size)
@@ -174,16 +177,6 @@ class TorchDistributedBackend(Backend):
         out = [torch.empty_like(work) for _ in range(self.world_size)]
         dist.all_gather(out, work)
         return [t.to(tensor.device) for t in out]
-
-    @functools.cached_property
-    def _reduce_ops(self) -> dict:
-        """op -> (torch's ReduceOp, whether the sum is divided afterwards): NCCL averages itself."""
-        return {
-            op: (dist.ReduceOp.AVG, False)
-            if op == "mean" and self._nccl
-            else (getattr(dist.ReduceOp, _TORCH_OPS[op]), op == "mean")
-            for op in _TORCH_OPS
-        }
 
     def _barrier(self) -> None:
         if self.device.type == "cuda":
