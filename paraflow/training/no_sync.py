@@ -50,11 +50,6 @@ class ForwardDecidedSync:
         self._forward_inside = False
         self._hook = model.register_forward_pre_hook(self)
 
-    @property
-    def reducing(self) -> bool:
-        """Whether a backward pass run now would reduce gradients across ranks."""
-        return not self._stopped
-
     def __call__(self, module: nn.Module, args: Any) -> None:
         """The forward pre-hook: a forward with gradients decides for the backward passes after it."""
         if not torch.is_grad_enabled():
