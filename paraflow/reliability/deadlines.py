@@ -24,7 +24,7 @@ from typing import Callable, Optional, TypeVar
 
 from .mpi_abort import end_job
 
-__all__ = ["DeadlineExceeded", "call_with_deadline", "wait_until", "spin_until", "Watchdog", "watchdog"]
+__all__ = ["DeadlineExceeded", "call_with_deadline", "spin_until", "Watchdog", "watchdog"]
 
 _T = TypeVar("_T")
 
@@ -58,27 +58,9 @@ def call_with_deadline(fn: Callable[[], _T], seconds: float, what: str) -> _T:
     return outcome["value"]
 
 
-def wait_until(done: Callable[[], bool], seconds: float, what: str) -> None:
-    """Poll `done` (backing off from 10 µs to 0.2 ms) until it is true; fail once `seconds` have passed.
-
-    For libraries whose own wait has no timeout (a horovod handle under the MPI controller).
-
-    Raises:
-        RuntimeError: saying "`what` timed out after `seconds` s" (translated by
-            :func:`collective_errors` into CollectiveTimeoutError).
-    """
-    deadline = time.monotonic() + seconds
-    pause = 1e-5
-    while not done():
-        if time.monotonic() > deadline:
-            raise DeadlineExceeded(f"{what} timed out after {seconds:g} s")
-        time.sleep(pause)
-        pause = min(2 * pause, 2e-4)
-
-
-def spin_until(done: Callable[[], bool], seconds: float, what: str) -> None:
+def spin_until(done: Callable[[], bool], seconds: float, what: str, sleep: bool = False) -> None:
     """Poll `done`, yielding the core (and the GIL) between polls, until it is true; fail once
-    `seconds` have passed.
+    `seconds` have passed. With `sleep`, sleep between polls instead, backing off from 10 µs to 0.2 ms.
 
     For a library whose own wait spins the same way but has no timeout (horovod's
     ``synchronize``, under either controller): the wait costs what the library's does and
@@ -89,11 +71,15 @@ def spin_until(done: Callable[[], bool], seconds: float, what: str) -> None:
         DeadlineExceeded: "`what` timed out after `seconds` s".
     """
     deadline = time.monotonic() + seconds
-    now, pause = time.monotonic, os.sched_yield
+    now, pause = time.monotonic, 1e-5
     while not done():
         if now() > deadline:
             raise DeadlineExceeded(f"{what} timed out after {seconds:g} s")
-        pause()
+        if not sleep:
+            os.sched_yield()
+            continue
+        time.sleep(pause)
+        pause = min(2 * pause, 2e-4)
 
 
 #: Seconds between the watchdog's looks at the waits in progress (how late it may act).

@@ -186,13 +186,11 @@ def test_an_inner_translation_is_renamed_after_the_users_collective():
     assert info.value.__cause__ is GLOO_TIMEOUT
 
 
-def test_wait_until_returns_when_done_and_fails_after_the_deadline():
-    from paraflow.reliability.deadlines import wait_until
-
+def test_spin_until_sleeping_returns_when_done_and_fails_after_the_deadline():
     calls = iter([False, False, True])
-    wait_until(lambda: next(calls), 5, "polling")
+    spin_until(lambda: next(calls), 5, "polling", sleep=True)
     with pytest.raises(RuntimeError, match="polling timed out after 0.05 s"):
-        wait_until(lambda: False, 0.05, "polling")
+        spin_until(lambda: False, 0.05, "polling", sleep=True)
 
 
 _FOLD_CALLS = """

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ...reliability.deadlines import DeadlineExceeded, wait_until
+from ...reliability.deadlines import DeadlineExceeded, spin_until
 
 __all__ = ["compress_hook", "pending_continuations", "release_continuations", "tracked_then"]
 
@@ -70,7 +70,7 @@ def release_continuations(timeout: float = 5.0) -> bool:
     peer died) are not waited for. Returns True when none is left, False after `timeout` seconds.
     """
     try:
-        wait_until(lambda: not pending_continuations(), timeout, "releasing DDP hook continuations")
+        spin_until(lambda: not pending_continuations(), timeout, "releasing DDP hook continuations", sleep=True)
     except DeadlineExceeded:
         return False
     return True
