@@ -16,7 +16,7 @@ from dataclasses import fields
 
 from ...tools.flags import renamed
 
-__all__ = ["add_arguments", "config_from_args", "run_from_args", "main", "split_models", "RENAMED"]
+__all__ = ["add_arguments", "config_from_args", "run_from_args", "split_models", "RENAMED"]
 
 #: Old spelling -> new spelling; an old one is an error naming the new one.
 RENAMED = {
@@ -382,16 +382,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     from .run import exit_status, run_bench
 
     return exit_status(run_bench(config_from_args(args)))
-
-
-def main(argv=None) -> int:
-    """`paraflow bench` on its own (benchmarks/run.py): bad input exits 2 with the message, no traceback."""
-    from ...errors import ConfigurationError
-
-    parser = add_arguments(argparse.ArgumentParser(prog="paraflow bench"))
-    args = parser.parse_args(argv)
-    try:
-        return run_from_args(args)
-    except ConfigurationError as exc:
-        print(f"paraflow bench: {exc}", file=sys.stderr)
-        return 2
