@@ -188,21 +188,20 @@ class LastWords:
         """This process leaves through Python's exit."""
         self._map[_ENDED_AT] = 1
 
-    def close(self, remove: bool) -> None:
-        """Stop writing; `remove` deletes both files (a clean end of the job)."""
+    def close(self) -> None:
+        """Stop writing and delete both files (a clean end of the job)."""
         faulthandler.unregister(signal.SIGTERM)
         if self._had_faulthandler:
             faulthandler.enable(file=sys.stderr, all_threads=True)
         else:
             faulthandler.disable()
         self._fault_file.close()
-        if remove:
-            for path in (self.path, self.fault_path):
-                path.unlink(missing_ok=True)
-            try:
-                self.directory.rmdir()  # the last rank out removes the directory
-            except OSError:
-                pass
+        for path in (self.path, self.fault_path):
+            path.unlink(missing_ok=True)
+        try:
+            self.directory.rmdir()  # the last rank out removes the directory
+        except OSError:
+            pass
 
 
 class RecordedActivity(Activity):
@@ -576,7 +575,7 @@ def end_last_words(activity: Optional[Activity], watch: Optional[LastWordsWatch]
         activity.ended = True
         activity.last_words.ended()
         if clean:
-            activity.last_words.close(remove=True)
+            activity.last_words.close()
             if _current is activity:
                 _current = None
 
