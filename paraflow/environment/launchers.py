@@ -54,13 +54,12 @@ class ProcessEnvironment:
 
 @dataclass(frozen=True)
 class Launcher:
-    """One launcher: the variables it sets (`marker` decides whether it started this process) and,
+    """One launcher: the variables it sets (`rank` decides whether it started this process) and,
     for those paraflow starts itself, the program (`tool`) ``paraflow run``, multi-host jobs and the
     benchmark run."""
 
     name: str  # as ProcessEnvironment.launcher names it
     command: str  # how a user starts a job with it (for messages)
-    marker: Optional[str]
     rank: Optional[str]
     world_size: Optional[str]
     local_rank: Optional[str]
@@ -74,15 +73,12 @@ class Launcher:
 # Fixed priority: torchrun often runs inside an srun allocation, so it comes first.
 _RANK_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 LAUNCHERS = (
-    Launcher("torchrun", "torchrun --nproc_per_node N train.py", "RANK", *_RANK_NAMES, tool="torchrun", multihost=True),
+    Launcher("torchrun", "torchrun --nproc_per_node N train.py", *_RANK_NAMES, tool="torchrun", multihost=True),
     # paraflow.launch's workers: their own names, so a torchrun started inside one still wins.
-    Launcher(
-        "paraflow-launch", "paraflow.launch(fn, nprocs=N)", "PARAFLOW_RANK", *(f"PARAFLOW_{n}" for n in _RANK_NAMES)
-    ),
+    Launcher("paraflow-launch", "paraflow.launch(fn, nprocs=N)", *(f"PARAFLOW_{n}" for n in _RANK_NAMES)),
     Launcher(
         "slurm",
         "srun -n N python train.py",
-        "SLURM_PROCID",
         "SLURM_PROCID",
         "SLURM_NTASKS",
         "SLURM_LOCALID",
@@ -93,7 +89,6 @@ LAUNCHERS = (
     Launcher(
         "openmpi",
         "mpirun -np N python train.py",
-        "OMPI_COMM_WORLD_RANK",
         *(f"OMPI_COMM_WORLD_{n}" for n in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")),
         label="mpirun (Open MPI)",
         tool="mpirun",
@@ -104,7 +99,6 @@ LAUNCHERS = (
         "mpich",
         "mpiexec -n N python train.py",
         "PMI_RANK",
-        "PMI_RANK",
         "PMI_SIZE",
         "MPI_LOCALRANKID",
         "MPI_LOCALNRANKS",
@@ -114,7 +108,6 @@ LAUNCHERS = (
     Launcher(
         "mvapich2",
         "mpirun_rsh -np N python train.py",
-        "MV2_COMM_WORLD_RANK",
         *(f"MV2_COMM_WORLD_{n}" for n in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")),
         label="mpirun (MVAPICH2)",
         mpi=True,
@@ -122,15 +115,12 @@ LAUNCHERS = (
     Launcher(
         "horovodrun",
         "horovodrun -np N --gloo python train.py",
-        "HOROVOD_RANK",
         *(f"HOROVOD_{n}" for n in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")),
         tool="horovodrun",
         multihost=True,
     ),
-    # No launcher: one process, or ranks started by hand (read last, when no marker is present).
-    Launcher(
-        "python", "python train.py", None, None, None, None, None, label="no launcher (plain python)", tool="python"
-    ),
+    # No launcher: one process, or ranks started by hand (read last, when no launcher's rank is set).
+    Launcher("python", "python train.py", None, None, None, None, label="no launcher (plain python)", tool="python"),
 )
 #: Launchers that are MPI implementations (ranks share an MPI communicator).
 MPI_LAUNCHERS = tuple(launcher.name for launcher in LAUNCHERS if launcher.mpi)
@@ -169,7 +159,7 @@ def _int(env: Mapping[str, str], key: str, launcher: Launcher) -> int:
     value = env.get(key)
     if value is None or value == "":
         raise LauncherError(
-            f"{launcher.name} environment is half-set: {launcher.marker} is present but {key} is "
+            f"{launcher.name} environment is half-set: {launcher.rank} is present but {key} is "
             f"missing. Start the job with its launcher (`{launcher.command}`) instead of setting "
             f"variables by hand, or set every one of them."
         )
@@ -230,7 +220,7 @@ def detect_environment(env: Optional[Mapping[str, str]] = None) -> ProcessEnviro
     """
     env = os.environ if env is None else env
     for launcher in LAUNCHERS:
-        if launcher.marker is None or launcher.marker not in env:
+        if launcher.rank is None or launcher.rank not in env:
             continue
         rank = _int(env, launcher.rank, launcher)
         world = _int(
