@@ -48,7 +48,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from .activity import Activity
 
@@ -414,16 +414,23 @@ def dead_ranks(directory: Path) -> list[int]:
     return sorted(r for r, rec in _records(directory).items() if not rec["ended"] and not _alive(rec["pid"]))
 
 
+def _died(directory: Path, records: dict[int, dict]) -> Iterator[tuple[int, Optional[str]]]:
+    """The ranks of `records` that died, in order, with their fault report's signal: gone without
+    passing through Python's exit, and not ended by the launcher (SIGTERM)."""
+    for rank in sorted(records):
+        record = records[rank]
+        if record["ended"] or _alive(record["pid"]):
+            continue
+        signal_name = fault_signal(directory, rank)
+        if signal_name != "SIGTERM":
+            yield rank, signal_name
+
+
 def dead_peers_text(directory: Optional[Path] = None) -> str:
     """The last-words lines of every dead rank recorded in `directory` (this job's by default), or ''."""
     directory = job_directory() if directory is None else directory
     records = _records(directory)
-    signals = {r: fault_signal(directory, r) for r in records}
-    lines = [
-        compose(records[r], signals[r], records, directory)
-        for r in sorted(records)
-        if not records[r]["ended"] and not _alive(records[r]["pid"]) and signals[r] != "SIGTERM"
-    ]
+    lines = [compose(records[r], signal_name, records, directory) for r, signal_name in _died(directory, records)]
     return " ".join(lines)
 
 
@@ -449,11 +456,8 @@ def report_dead_ranks(
         time.sleep(0.05)
     records = _records(directory)
     printed = []
-    for rank in sorted(records):
+    for rank, signal_name in _died(directory, records):
         record = records[rank]
-        signal_name = fault_signal(directory, rank)
-        if record["ended"] or _alive(record["pid"]) or signal_name == "SIGTERM":  # SIGTERM: ended by the launcher
-            continue
         if once:
             try:
                 marker = Path(directory) / f"rank{rank}-{record['pid']}.reported"
