@@ -44,8 +44,6 @@ class Collectives:
     collective_count = 0
     #: This rank's phase for the stall report (paraflow.reliability.activity); None in one process.
     _activity = None
-    #: Whether every collective is first checked across ranks (check_collectives, PARAFLOW_DEBUG).
-    check_collectives = False
     #: This rank's public collectives folded into one number (collective_check.fold).
     calls_digest = 0
     _digest_before = 0

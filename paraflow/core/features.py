@@ -28,10 +28,6 @@ __all__ = ["TrainingFeatures"]
 class TrainingFeatures:
     """Accumulation, autocast, loss scaling, join, sampler, save, load and export for :class:`Backend`."""
 
-    _micro_batches = 0
-    _optimizer_refs: tuple = ()
-    _scalers: Any = ()
-
     @contextlib.contextmanager
     def accumulate(self, model: nn.Module) -> Iterator[bool]:
         """Context for one micro-batch's forward and backward under gradient accumulation.
