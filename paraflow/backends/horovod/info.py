@@ -65,11 +65,9 @@ def _import_error() -> Optional[str]:
     try:
         with contextlib.redirect_stdout(noise):
             import horovod.torch as hvd
-    except ImportError as exc:
-        if getattr(exc, "name", None) in ("horovod", "horovod.torch"):
+    except Exception as exc:  # an ImportError, HorovodVersionMismatchError and friends
+        if isinstance(exc, ImportError) and getattr(exc, "name", None) in ("horovod", "horovod.torch"):
             return "horovod is not installed"
-        return f"horovod is installed but `import horovod.torch` fails ({_first_line(exc)})"
-    except Exception as exc:  # HorovodVersionMismatchError and friends
         return f"horovod is installed but `import horovod.torch` fails ({_first_line(exc)})"
     if not hasattr(hvd, "init"):
         return (
