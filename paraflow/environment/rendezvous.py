@@ -10,7 +10,7 @@ from typing import Callable
 from ..errors import LauncherError, MissingDependencyError
 from .launchers import ProcessEnvironment, free_port
 
-__all__ = ["resolve_master", "host_address", "interface_address"]
+__all__ = ["resolve_master", "host_address", "interface_address", "gloo_ifname"]
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
@@ -35,12 +35,17 @@ def interface_address(name: str) -> str:
     return socket.inet_ntoa(packed[20:24])
 
 
+def gloo_ifname() -> str:
+    """The first interface GLOO_SOCKET_IFNAME names (gloo takes a list), or ''."""
+    return next((n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n), "")
+
+
 def host_address(fallback: Callable[[], str] = socket.gethostname) -> str:
     """How other hosts reach this one: the address of GLOO_SOCKET_IFNAME's (first) interface when it
     is set, the interface gloo itself will use, so no host name has to resolve; else `fallback()`
     (the host name), resolved by each peer."""
-    names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
-    return interface_address(names[0]) if names else fallback()
+    name = gloo_ifname()
+    return interface_address(name) if name else fallback()
 
 
 def _rank0_endpoint(env: ProcessEnvironment) -> tuple[str, int]:

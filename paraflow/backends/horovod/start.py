@@ -29,7 +29,7 @@ import socket
 from typing import Optional
 
 from ...environment.launchers import MPI_LAUNCHERS, ProcessEnvironment
-from ...environment.rendezvous import host_address, resolve_master
+from ...environment.rendezvous import gloo_ifname, host_address, resolve_master
 from ...environment.scoped_env import ScopedEnv
 from ...errors import BackendUnavailableError, ConfigurationError, LauncherError
 from ...reliability.deadlines import call_with_deadline
@@ -250,11 +250,6 @@ def gloo_interface(peer: str) -> str:
     return "lo"
 
 
-def _gloo_ifname() -> str:
-    """The first interface GLOO_SOCKET_IFNAME names, or ''."""
-    return os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
-
-
 def _local_ip_towards(peer: str) -> str:
     """The source address the kernel picks for packets to `peer` (UDP connect sends nothing)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -327,7 +322,7 @@ class GlooRendezvous:
             "HOROVOD_CONTROLLER": "gloo",
             "HOROVOD_CPU_OPERATIONS": os.environ.get("HOROVOD_CPU_OPERATIONS", "gloo"),
             "HOROVOD_GLOO_IFACE": os.environ.get("HOROVOD_GLOO_IFACE")
-            or ("lo" if self.single_host else _gloo_ifname() or gloo_interface(addr)),
+            or ("lo" if self.single_host else gloo_ifname() or gloo_interface(addr)),
             "HOROVOD_HOSTNAME": hostname,
             "HOROVOD_RANK": str(env.rank),
             "HOROVOD_SIZE": str(env.world_size),
