@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,9 +51,7 @@ __all__ = [
     "across_launches",
     "estimate",
     "ratio",
-    "median",
     "binomial_interval",
-    "block_medians",
     "relative_halfwidth",
     "two_sided_p",
     "t_quantile",
@@ -113,7 +112,10 @@ def blocks(values: torch.Tensor, statistic: str, count: int = MAX_POINTS) -> tor
         return values
     edges = [round(i * n / count) for i in range(count + 1)]
     parts = [values[a:b] for a, b in zip(edges, edges[1:])]
-    return torch.tensor([_median(p) if statistic == "median" else float(p.mean()) for p in parts], dtype=torch.float64)
+    return torch.tensor(
+        [statistics.median(p.tolist()) if statistic == "median" else float(p.mean()) for p in parts],
+        dtype=torch.float64,
+    )
 
 
 def within_launch(values: Sequence[float], statistic: str, gen: torch.Generator, resamples: int = RESAMPLES):
@@ -124,7 +126,7 @@ def within_launch(values: Sequence[float], statistic: str, gen: torch.Generator,
         raise ValueError("no values to resample")
     if statistic not in ("median", "mean"):
         raise ValueError(f"unknown statistic {statistic!r}")
-    point = _median(data) if statistic == "median" else float(data.mean())
+    point = statistics.median(data.tolist()) if statistic == "median" else float(data.mean())
     units = blocks(data, statistic)
     drawn = units[torch.randint(units.numel(), (resamples, units.numel()), generator=gen)]
     return point, drawn.quantile(0.5, dim=1) if statistic == "median" else drawn.mean(dim=1)
@@ -159,7 +161,7 @@ def across_launches(launches: Sequence[tuple], gen: torch.Generator) -> Estimate
     if not launches:
         raise ValueError("no launches")
     points = torch.tensor([p for p, _ in launches], dtype=torch.float64)
-    value = _median(points)
+    value = statistics.median(points.tolist())
     count = points.numel()
     if count > 1:
         within = torch.stack([r for _, r in launches])  # each launch's own bootstrap
@@ -208,17 +210,6 @@ def ratio(a: Estimate, b: Estimate, scale: float = 1.0) -> Estimate:
     return Estimate(value, min(low, value), max(high, value), replicates, (centre, se, df))
 
 
-def median(values) -> float:
-    """The usual median (mean of the two middle values for an even count)."""
-    return _median(torch.as_tensor(values, dtype=torch.float64))
-
-
-def _median(values: torch.Tensor) -> float:
-    ordered = values.sort().values
-    n = ordered.numel()
-    return float(ordered[n // 2]) if n % 2 else float((ordered[n // 2 - 1] + ordered[n // 2]) / 2)
-
-
 def percentile_interval(replicates: torch.Tensor, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The middle `confidence` of the replicates (non-finite ones dropped)."""
     finite = replicates[torch.isfinite(replicates)]
@@ -250,14 +241,6 @@ def binomial_interval(values: Sequence[float], confidence: float = CONFIDENCE) -
             break
         best_k, best_cover = k, cover
     return ordered[best_k - 1], ordered[n - best_k], best_cover
-
-
-def block_medians(values: Sequence[float], blocks: int) -> list[float]:
-    """Medians of `blocks` consecutive, nearly equal runs of `values` (fewer when values are few)."""
-    n = len(values)
-    blocks = max(1, min(blocks, n))
-    edges = [round(i * n / blocks) for i in range(blocks + 1)]
-    return [_median(torch.tensor(values[a:b], dtype=torch.float64)) for a, b in zip(edges, edges[1:]) if b > a]
 
 
 def two_sided_p(t: float, df: float) -> float:

@@ -144,7 +144,7 @@ def noise_floor(cells: list) -> Optional[dict]:
         for cell in launches:
             tasks = task_of(cell, f"train/{spec}")
             if tasks:
-                medians.append(intervals.median(metrics.slowest_rank_per_step([t["step_s"] for t in tasks])))
+                medians.append(statistics.median(metrics.slowest_rank_per_step([t["step_s"] for t in tasks])))
         if len(medians) < 2:
             return {"cell": group, "model": spec, "medians_ms": [m * 1e3 for m in medians], "spread": None}
         spread = abs(medians[0] - medians[1]) / ((medians[0] + medians[1]) / 2)
@@ -374,7 +374,7 @@ def _comm(launches: list, gen) -> Optional[intervals.Estimate]:
     for ln in launches:
         sync = torch.tensor(ln["sync"], dtype=torch.float64)
         no_sync = torch.tensor(ln["no_sync"], dtype=torch.float64)
-        point = metrics.communication_overhead(intervals.median(no_sync), intervals.median(sync))
+        point = metrics.communication_overhead(statistics.median(no_sync.tolist()), statistics.median(sync.tolist()))
         sync, no_sync = intervals.blocks(sync, "median"), intervals.blocks(no_sync, "median")  # same blocks
         drawn = torch.randint(len(sync), (intervals.RESAMPLES, len(sync)), generator=gen)  # pairs stay pairs
         replicates = 1 - no_sync[drawn].quantile(0.5, dim=1) / sync[drawn].quantile(0.5, dim=1)
@@ -795,7 +795,9 @@ OVERHEAD_COLUMNS = {
 
 
 def _paired(ratios: list) -> tuple:
-    low, high, _ = intervals.binomial_interval(intervals.block_medians(ratios, BLOCKS))
+    low, high, _ = intervals.binomial_interval(
+        intervals.blocks(torch.tensor(ratios, dtype=torch.float64), "median", BLOCKS).tolist()
+    )
     return statistics.median(ratios), low, high
 
 
