@@ -26,7 +26,6 @@ from torch import nn
 from ...core.backend import Backend
 from ...core.options import check_one_of
 from ...environment.launchers import ProcessEnvironment
-from ...environment.scoped_env import ScopedEnv
 from ...errors import CollectiveError, ConfigurationError, ParaflowError
 from ...reliability.deadlines import DeadlineExceeded, spin_until, watchdog
 from ...reliability.stall import stall_facts
@@ -35,7 +34,15 @@ from ...training.no_sync import forward_decided_sync
 from ...training.object_collectives import copy_state_from
 from .info import horovod_missing_reason, import_horovod
 from .optimizer import distributed_optimizer, resume_gradient_allreduce, stop_gradient_allreduce
-from .start import check_horovod_world, choose_controller, note_mpi_shut_down, set_knobs, start_gloo, start_mpi
+from .start import (
+    ScopedEnv,
+    check_horovod_world,
+    choose_controller,
+    note_mpi_shut_down,
+    set_knobs,
+    start_gloo,
+    start_mpi,
+)
 
 __all__ = ["HorovodBackend", "HOROVOD_OPTIONS", "COMPRESSIONS", "REDUCE_OPS", "CONTROLLERS"]
 

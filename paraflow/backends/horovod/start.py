@@ -26,11 +26,11 @@ import ipaddress
 import math
 import os
 import socket
+from collections.abc import Mapping
 from typing import Optional
 
 from ...environment.launchers import MPI_LAUNCHERS, ProcessEnvironment
 from ...environment.rendezvous import gloo_ifname, host_address, resolve_master
-from ...environment.scoped_env import ScopedEnv
 from ...errors import BackendUnavailableError, ConfigurationError, LauncherError
 from ...reliability.deadlines import call_with_deadline
 from ...reliability.translation import startup_errors
@@ -46,6 +46,7 @@ __all__ = [
     "note_mpi_shut_down",
     "GlooRendezvous",
     "gloo_interface",
+    "ScopedEnv",
 ]
 
 _mpi_finalized_by_horovod = False  # MPI cannot start twice in one process
@@ -53,6 +54,28 @@ _mpi_session_ran = False  # after one, horovod 0.28.1 builds gloo contexts from 
 # Tuning knobs fixed by earlier horovod sessions in this process (None: horovod never started here).
 _TUNED_KNOBS = {"HOROVOD_FUSION_THRESHOLD": "fusion_threshold_mb", "HOROVOD_CYCLE_TIME": "cycle_time_ms"}
 _knobs_fixed_before: Optional[frozenset] = None
+
+
+class ScopedEnv:
+    """Set variables in ``os.environ`` now; :meth:`restore` puts back what was there before."""
+
+    def __init__(self) -> None:
+        self._saved: dict[str, Optional[str]] = {}
+
+    def set(self, variables: Mapping[str, str]) -> None:
+        """Set each variable, remembering its value from before the first ``set`` of it."""
+        for key, value in variables.items():
+            self._saved.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+
+    def restore(self) -> None:
+        """Put every variable set since the last restore back as it was (unset if it was unset)."""
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved.clear()
 
 
 def launch_commands(world_size: int) -> str:
