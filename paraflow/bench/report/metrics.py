@@ -6,9 +6,9 @@ GB = 1e9 bytes throughout).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Optional
+
+import numpy as np
 
 __all__ = [
     "percentile",
@@ -17,21 +17,14 @@ __all__ = [
     "communication_overhead",
     "abstraction_overhead",
     "bus_factor",
-    "mean",
 ]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default)."""
+    """The q-th percentile (0..100) with linear interpolation between closest ranks: numpy's."""
     if not values:
         raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q={q} is outside 0..100")
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return float(np.percentile(values, q))
 
 
 def slowest_rank_per_step(per_rank: Sequence[Sequence[float]]) -> list[float]:
@@ -76,8 +69,3 @@ def bus_factor(n: int, collective: str = "allreduce") -> float:
     if collective not in factors:
         raise ValueError(f"no bus factor for {collective!r}")
     return factors[collective]
-
-
-def mean(values: Sequence[float]) -> Optional[float]:
-    """Arithmetic mean, or None for no values."""
-    return sum(values) / len(values) if values else None

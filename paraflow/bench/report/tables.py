@@ -712,7 +712,7 @@ def _by_collective(keyed: dict) -> dict:
 
 def _mean(values: list) -> Optional[float]:
     values = [v for v in values if v is not None]
-    return rounded(metrics.mean(values), 4) if values else None
+    return rounded(statistics.fmean(values), 4) if values else None
 
 
 def _footer(ident: dict, collective: str, dtype: str, body: list) -> dict:
