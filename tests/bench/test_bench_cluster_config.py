@@ -21,6 +21,12 @@ def test_bad_cluster_options_say_how_to_fix_them(options, fix):
         BenchConfig(**options)
 
 
+def test_strong_scaling_checks_the_batch_against_the_host_count():
+    """--nodes replaces the process counts, so the batch must divide by the hosts, not by --nprocs."""
+    with pytest.raises(ConfigurationError, match="does not divide by 3"):
+        BenchConfig(cluster=3, scaling=["strong"], batch_size=32)
+
+
 def test_a_launch_on_several_hosts_is_recorded_as_commands_run_together():
     line = command_line([["paraflow", "cluster", "exec", "node0", "--", "a"], ["b c"]], {"X": "1", "Y": None})
     assert line == "env -u Y X=1 paraflow cluster exec node0 -- a & env -u Y X=1 'b c'"

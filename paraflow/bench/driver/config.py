@@ -293,6 +293,12 @@ class BenchConfig:
             raise ConfigurationError(f"noisy={self.noisy}: give a fraction between 0 and 1, e.g. --noisy 0.1.")
         if not 0 <= self.margin < 1:
             raise ConfigurationError(f"margin={self.margin}: give a fraction from 0 up to 1, e.g. --margin 0.05.")
+        if self.bandwidth and not self.cluster:
+            raise ConfigurationError(f"--bandwidth {self.bandwidth} shapes cluster links: add --nodes 2.")
+        if self.cluster:
+            if int(self.cluster) < 2:
+                raise ConfigurationError(f"--nodes {self.cluster}: an emulated cluster needs 2 or more hosts.")
+            self.nprocs, self.overhead = [int(self.cluster)], False
         if "strong" in self.scaling:
             uneven = [n for n in self.nprocs if int(n) > 0 and self.batch_size % int(n)]
             if uneven:
@@ -300,12 +306,6 @@ class BenchConfig:
                     f"strong scaling splits --batch-size {self.batch_size} over the processes, but it does not "
                     f"divide by {', '.join(map(str, uneven))}; pick a batch size that does (e.g. --batch-size 64)."
                 )
-        if self.bandwidth and not self.cluster:
-            raise ConfigurationError(f"--bandwidth {self.bandwidth} shapes cluster links: add --nodes 2.")
-        if self.cluster:
-            if int(self.cluster) < 2:
-                raise ConfigurationError(f"--nodes {self.cluster}: an emulated cluster needs 2 or more hosts.")
-            self.nprocs, self.overhead = [int(self.cluster)], False
         self.nprocs = sorted({int(n) for n in self.nprocs})
         self.models = [m if isinstance(m, ModelSpec) else ModelSpec.parse(m) for m in self.models]
         if self.input_shape is not None:
