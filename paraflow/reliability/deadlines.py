@@ -87,7 +87,8 @@ TICK_S = 0.5
 
 
 class _Watch:
-    """One wait in progress: registered on entry, removed on exit."""
+    """A wait: registered on each entry, removed on exit; entered again for every wait it bounds
+    (horovod's optimizer makes one and enters it on every step)."""
 
     __slots__ = ("_dog", "_key", "_deadline", "_report")
 

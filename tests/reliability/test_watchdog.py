@@ -29,6 +29,15 @@ def test_waits_that_end_in_time_cost_nothing_and_leave_nothing():
     assert ended == [] and dog._waits == {}
 
 
+def test_one_watch_bounds_one_wait_after_another():
+    dog = Watchdog(end=[].append)
+    watch = dog.watch(60, lambda waited: "never")
+    for _ in range(3):
+        with watch:
+            assert len(dog._waits) == 1
+    assert dog._waits == {}
+
+
 def test_which_errors_mean_a_peer_was_lost():
     lost = CollectiveError("allreduce on rank 0 of 2 (backend ddp-gloo) failed: the connection to rank 1 was lost, ...")
     assert lost_a_peer(lost)
