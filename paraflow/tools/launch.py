@@ -258,6 +258,19 @@ def _communicate_watching(proc: subprocess.Popen, deadline: Optional[float]) -> 
             end_stopped(proc.pid)
 
 
+def prctl(option: int, arg: int) -> bool:
+    """Call Linux's prctl(`option`, `arg`); False where it cannot be called (another system, no libc)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def _process_table() -> dict[int, tuple[int, str]]:
     """Every process's (parent pid, state letter), from /proc (Linux; empty elsewhere)."""
     table = {}

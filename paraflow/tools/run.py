@@ -28,7 +28,7 @@ from ..environment.mpi_library import MPI_YIELD
 from ..errors import ConfigurationError, ParaflowError
 from ..reliability.last_words import JOB_DIR_ENV, job_ended, new_job_directory
 from .flags import renamed
-from .launch import find_tool, kill_descendants, launch_command, run_launch
+from .launch import find_tool, kill_descendants, launch_command, prctl, run_launch
 
 __all__ = ["add_arguments", "run_from_args", "plan_run", "RunPlan"]
 
@@ -255,20 +255,8 @@ def _stop(signum: int, frame: object) -> None:
     raise _Stopped(signum)
 
 
-def _become_subreaper() -> None:
-    """Adopt the orphans of the launch (Linux), so that none escapes the final kill."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
 def _execute(argv: list, env: dict, timeout: Optional[float]) -> int:
-    _become_subreaper()
+    prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: adopt the launch's orphans, so that none escapes the final kill
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         result = run_launch(argv, timeout, env=env, capture=False)

@@ -40,7 +40,7 @@ from ..environment.launchers import free_port, launcher_variables
 from ..errors import ConfigurationError, LaunchTimeoutError, MissingDependencyError, RankFailedError
 from ..reliability.last_words import JOB_DIR_ENV, job_ended, mark_ended, new_job_directory, report_dead_ranks
 from ..reliability.translation import is_peer_lost
-from .launch import kill_group, kill_tree
+from .launch import kill_group, kill_tree, prctl
 
 __all__ = ["launch", "run_workers", "RankOutcome", "DEFAULT_TIME_LIMIT", "call_in_backend"]
 
@@ -386,13 +386,7 @@ def call_in_backend(fn: Callable[..., Any], backend: str, options: dict, args: t
 
 def _die_with_parent(parent: int) -> None:
     """Ask Linux to SIGKILL this process when the caller dies, so no worker outlives a killed caller."""
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    if not parent or not prctl(1, signal.SIGKILL):  # PR_SET_PDEATHSIG
         return
     if os.getppid() != parent:  # the caller died before the request took effect
         os._exit(1)
