@@ -88,13 +88,6 @@ def _backend_class(name: str) -> type:
     return spec(name).load()
 
 
-def _cell_threads(config: BenchConfig, total_cores: int) -> int:
-    """Torch threads each process of every cell uses: the same at every process count (a rank of
-    N processes computes as the one-process baseline does), by default the cores shared by the
-    largest process count."""
-    return config.threads or max(1, total_cores // max(config.nprocs))
-
-
 def build_matrix(
     config: BenchConfig,
     available: Optional[Mapping[str, Optional[str]]] = None,
@@ -151,9 +144,12 @@ def build_matrix(
         raise ConfigurationError(f"the {BASELINE} baseline cannot run here: {matrix.skipped.get(BASELINE)}")
 
     models = tuple(config.models)
-    threads = _cell_threads(config, total_cores)
+    # torch threads per process, the same at every process count (a rank of N processes computes as
+    # the one-process baseline does): by default the cores shared by the largest process count
+    threads = config.threads or max(1, total_cores // max(config.nprocs))
     train_cells: list[Cell] = []
     sweeps: set = set()
+    measured: set = set()  # groups whose last launch also measures the abstraction overhead
     for name in names:
         cls, presets = _backend_class(name), spec(name).presets
         launchers = cls.LAUNCHERS
@@ -169,6 +165,9 @@ def build_matrix(
             if too_many:
                 matrix.skipped[f"{name} x {too_many}"] = f"one process per GPU and {cuda_devices} GPU(s) are visible"
             counts = [n for n in counts if n <= limit]
+        # the overhead: each backend with a hand-written loop, under its first launcher, at the
+        # fewest and the most processes
+        raw = config.overhead and cls.MULTI_PROCESS and bench_backends.raw_loop(cls, **presets) is not None
         for launcher in launchers:
             for n in counts:
                 swept = (
@@ -179,6 +178,8 @@ def build_matrix(
                 sweep = config.allreduce and n >= 2 and swept not in sweeps
                 sweeps.add(swept)
                 train_cells.append(Cell("train", name, launcher, n, threads, models, sweep=sweep))
+                if raw and launcher == cls.LAUNCHERS[0] and n in (min(config.nprocs), max(config.nprocs)):
+                    measured.add(train_cells[-1].group)
 
     if config.allreduce and any(c.sweep for c in train_cells):
         matrix.cells.append(Cell("memcpy", None, "python", 1, threads))
@@ -186,7 +187,6 @@ def build_matrix(
         first = train_cells[0]
         for r in (1, 2):
             matrix.cells.append(replace(first, models=models[:1], sweep=False, tag="aa", repeat=r))
-    measured = _overhead_groups(config, names, train_cells) if config.overhead else set()
     for r in range(1, config.repeat + 1):
         last = r == config.repeat
         matrix.cells.extend(
@@ -201,14 +201,3 @@ def build_matrix(
 
         matrix.cells.extend(tune_cells(train_cells, config.tune_values, lambda b: _backend_class(b).OPTIONS))
     return matrix
-
-
-def _overhead_groups(config: BenchConfig, names: list, train_cells: list) -> set:
-    """Groups whose last planned launch also measures the abstraction overhead: each backend with
-    a hand-written loop, under its first launcher, at the fewest and the most processes."""
-    wanted = set()
-    for name in names:
-        cls, presets = _backend_class(name), spec(name).presets
-        if cls.MULTI_PROCESS and bench_backends.raw_loop(cls, **presets) is not None:
-            wanted |= {(name, cls.LAUNCHERS[0], n) for n in (min(config.nprocs), max(config.nprocs))}
-    return {c.group for c in train_cells if (c.backend, c.launcher, c.nproc) in wanted}
