@@ -41,7 +41,6 @@ __all__ = [
     "DEBUG_ENV",
     "debug_enabled",
     "enable_torch_debug",
-    "trace",
     "call_text",
     "check_same_call",
     "describe",
@@ -70,11 +69,6 @@ def enable_torch_debug() -> None:
     """
     os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", TORCH_DEBUG_LEVEL)
     torch.distributed.set_debug_level_from_env()
-
-
-def trace(rank: int, text: str) -> None:
-    """Print one debug-mode line for `rank` on stderr."""
-    print(f"[paraflow debug] rank {rank}: {text}", file=sys.stderr, flush=True)
 
 
 _DESCRIPTOR_BYTES = 512  # the JSON of one call, zero-padded
@@ -149,7 +143,7 @@ def check_same_call(
     """
     mine = _call(collective, sequence, tensor, argument, site)
     if debug_enabled():
-        trace(backend.rank, str(mine))
+        print(f"[paraflow debug] rank {backend.rank}: {mine}", file=sys.stderr, flush=True)
     calls = [_decode(row) for row in backend._allgather(_encode(mine).to(backend.device))]
     if _mismatch(calls) is not None:
         raise mismatch_error(collective, backend.rank, calls)
