@@ -14,7 +14,8 @@ __all__ = ["PRECISIONS", "check_precision", "check_precision_on", "autocast", "G
 #: "fp32": no autocast; "bf16": autocast to bfloat16; "fp16": autocast to float16 with loss scaling.
 PRECISIONS = ("fp32", "bf16", "fp16")
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: The 16-bit torch dtype each reduced `precision` computes in and each `compression` sends in.
+HALF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_precision(precision: str) -> str:
@@ -37,7 +38,7 @@ def autocast(precision: str, device: torch.device) -> ContextManager:
     """torch.autocast to `precision`'s dtype on `device`'s type; a no-op for fp32."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+    return torch.autocast(device_type=device.type, dtype=HALF_DTYPES[precision])
 
 
 class GradScaler(torch.amp.GradScaler):

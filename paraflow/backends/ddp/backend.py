@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ...errors import ConfigurationError
 from ...reliability.translation import collective_errors
 from ...training.object_collectives import copy_state_from
+from ...training.precision import HALF_DTYPES
 from ..torch_distributed import TorchDistributedBackend
 from .comm_hooks import compress_hook, release_continuations
 
@@ -74,7 +75,7 @@ class DDPBackend(TorchDistributedBackend):
             wrapped = CheckedDistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
         wrapped.paraflow_backend_name = self.name
         if self.compression != "none":  # gradients cross at half their size (comm_hooks.compress_hook)
-            wrapped.register_comm_hook(state=None, hook=compress_hook(_COMPRESSED_DTYPES[self.compression]))
+            wrapped.register_comm_hook(state=None, hook=compress_hook(HALF_DTYPES[self.compression]))
         return self._mark_model(wrapped)
 
     def no_sync(self, model: nn.Module) -> ContextManager:
@@ -109,10 +110,6 @@ class DDPBackend(TorchDistributedBackend):
             flags = [int(t.item()) for t in last]
             if not all(flags):  # some rank stopped early and missed optimizer steps
                 copy_state_from(self, others, src=max(r for r, f in enumerate(flags) if f))
-
-
-#: The 16-bit type each ``compression`` sends gradients in.
-_COMPRESSED_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _last_joiner_tracker(model: nn.Module):

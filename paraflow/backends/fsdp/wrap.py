@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ...errors import ConfigurationError
+from ...training.precision import HALF_DTYPES
 
 __all__ = ["DEFAULT_MIN_BLOCK_PARAMS", "BLOCK_CLASSES", "check_blocks", "choose_blocks", "mixed_precision_policy"]
 
@@ -21,8 +22,6 @@ __all__ = ["DEFAULT_MIN_BLOCK_PARAMS", "BLOCK_CLASSES", "check_blocks", "choose_
 DEFAULT_MIN_BLOCK_PARAMS = 50_000
 #: Module classes that are blocks wherever they appear (by default): transformer layers.
 BLOCK_CLASSES = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
-
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def check_blocks(blocks: Union[None, str, type, Iterable[Union[str, type]]]) -> Optional[tuple]:
@@ -149,8 +148,8 @@ def mixed_precision_policy(precision: str, compression: str, param_dtype: torch.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    compute = _DTYPES.get(precision)
-    reduce = _DTYPES.get(compression)
+    compute = HALF_DTYPES.get(precision)
+    reduce = HALF_DTYPES.get(compression)
     if compute is not None and reduce is None:
         reduce = param_dtype
     return MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=reduce)
