@@ -65,7 +65,7 @@ def test_sweep_warms_the_check_up_then_times_one_call_a_side_per_round_in_flippi
 
     calls: list = []
     size = 64 * 1024**2  # the fewest operations: the rounds' minimum decides
-    result = run_sweep(_Recorder(calls), _Raw(calls), [size], ["allreduce"], ["float32"], warmup=0, rounds=5)
+    result = run_sweep(_Recorder(calls), _Raw(calls), [size], ["allreduce"], ["float32"], rounds=5)
     timed = calls[calls.index("barrier") + 1 : -2]  # the last two: one checked call per side
     assert calls[: calls.index("barrier")] == ["raw"] * MIN_WARMUP + ["public"] * MIN_WARMUP
     assert timed == ["raw", "public", "public", "raw"] * 2 + ["raw", "public"]

@@ -53,7 +53,7 @@ BYTES_PER_SIZE = 256 * 1024**2
 LARGE_BYTES = 1024**2
 MIN_ITERS, MAX_SMALL_ITERS, MAX_ITERS = 4, 40, 200
 ROUNDS = 12  # alternating raw / public pairs per size, at least (default)
-#: Warm-up calls per side, at least (first calls allocate and connect).
+#: Warm-up calls per side (first calls allocate and connect).
 MIN_WARMUP = 4
 
 
@@ -120,7 +120,7 @@ def _timed(call, buffer, device) -> float:
     return time.perf_counter() - start
 
 
-def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup: int, rounds: int) -> list:
+def _one_size(backend, raw, collective: str, dtype_name: str, size: int, rounds: int) -> list:
     device, n, rank = backend.device, backend.world_size, backend.rank
     dtype = DTYPES[dtype_name]
     element = torch.tensor([], dtype=dtype).element_size()
@@ -131,7 +131,7 @@ def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup:
     total_bytes = count * element * (1 if collective in ("allreduce", "broadcast") else n)
     pairs = max(rounds, iterations_for(total_bytes))
     for side, (_, call) in sides.items():
-        for _ in range(max(warmup, MIN_WARMUP)):
+        for _ in range(MIN_WARMUP):
             call(buffers[side])
     device_sync(device)
     backend.barrier()
@@ -160,9 +160,7 @@ def _one_size(backend, raw, collective: str, dtype_name: str, size: int, warmup:
     return rows
 
 
-def run_sweep(
-    backend, raw, sizes: list, collectives: list, dtypes: list, warmup: int = 2, rounds: int = ROUNDS
-) -> dict:
+def run_sweep(backend, raw, sizes: list, collectives: list, dtypes: list, rounds: int = ROUNDS) -> dict:
     """Sweep `sizes` (bytes) for each collective and dtype; this rank's times and checks.
 
     `raw` is the backend's ``raw_loop`` (None: paraflow's calls only).
@@ -173,7 +171,7 @@ def run_sweep(
         for dtype_name in dtypes:
             try:
                 for size in sizes:
-                    rows += _one_size(backend, raw, collective, dtype_name, size, warmup, rounds)
+                    rows += _one_size(backend, raw, collective, dtype_name, size, rounds)
             except (ValueError, TypeError, RuntimeError) as exc:  # horovod refuses bfloat16, for one
                 if backend.world_size > 1:
                     backend.barrier()  # every rank refuses alike; realign before the next one
