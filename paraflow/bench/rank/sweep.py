@@ -37,13 +37,11 @@ __all__ = [
     "pattern",
     "expected",
     "count_wrong",
-    "COLLECTIVES",
     "DTYPES",
     "ROUNDS",
     "MIN_WARMUP",
 ]
 
-COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: Roughly this many bytes are moved per size and side, so small messages get many iterations:
 #: up to MAX_ITERS from LARGE_BYTES up, where paraflow's fixed cost is a few percent of the call
