@@ -524,11 +524,7 @@ def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10,
                     if best is not None:
                         rows.append(best)
                         estimates.append(best_est)
-    for row in rows:
-        row.setdefault("_replicas", row["processes"])
     _scale(rows, estimates, noisy)
-    for row in rows:
-        row.pop("_replicas", None)
     order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in rows))}
     ranked = sorted(
         range(len(rows)),
