@@ -75,12 +75,10 @@ def lost_a_peer(exc: Optional[BaseException]) -> bool:
     return lost
 
 
-def abort_mpi_job_on_uncaught_error(
-    rank: int, world_size: int, mpi_launcher: bool = True, grace: float = PEER_LOST_GRACE_S
-) -> None:
+def abort_mpi_job_on_uncaught_error(rank: int, world_size: int, mpi_launcher: bool = True) -> None:
     """Make an uncaught exception end this rank's part in the job the way described above.
 
-    A rank that lost a peer first waits up to `grace` seconds for the launcher (which normally
+    A rank that lost a peer first waits up to :data:`PEER_LOST_GRACE_S` for the launcher (which normally
     ends it meanwhile); then the traceback is printed, followed (unless the error is a lost peer,
     which the error itself names) by ``paraflow: rank R of N left the job on an uncaught ...``, so
     paraflow's own output names the failing rank, not only the launcher's summary. Under MPI (when
@@ -90,7 +88,6 @@ def abort_mpi_job_on_uncaught_error(
     Args:
         rank, world_size: this process's rank and the job's size, for the line.
         mpi_launcher: whether an MPI launcher started this process (else only the wait applies).
-        grace: seconds a rank that lost a peer waits for the launcher.
     """
     previous = sys.excepthook
     if getattr(previous, "paraflow_aborts_mpi", False):
@@ -105,7 +102,7 @@ def abort_mpi_job_on_uncaught_error(
             report_dead_ranks(job_directory(), settle=LAST_WORDS_SETTLE_S, in_collectives=True)
         lost = lost_a_peer(value)
         if lost:
-            time.sleep(grace)  # the launcher sees the rank that failed first, and ends this one meanwhile
+            time.sleep(PEER_LOST_GRACE_S)  # the launcher sees the rank that failed first, and ends this one meanwhile
         previous(kind, value, traceback)
         mpi = _mpi() if mpi_launcher else None
         if not lost:
@@ -118,8 +115,7 @@ def abort_mpi_job_on_uncaught_error(
         sys.stdout.flush()
         sys.stderr.flush()
         if mpi is not None:
-            mark_ended()
-            mpi.COMM_WORLD.Abort(1)
+            end_job(1)
 
     excepthook.paraflow_aborts_mpi = True
     sys.excepthook = excepthook
@@ -144,7 +140,6 @@ def leave_job_on_exit(exc: BaseException, rank: int, world_size: int) -> None:
         )
         sys.stderr.flush()
         if mpi is not None:
-            mark_ended()
-            mpi.COMM_WORLD.Abort(code)
+            end_job(code)
 
     atexit.register(leave)
