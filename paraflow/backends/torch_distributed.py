@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.backend import Backend
+from ..core.options import check_one_of
 from ..environment.rendezvous import resolve_master
 from ..errors import ConfigurationError, LauncherError
 from ..reliability.collective_check import debug_enabled, enable_torch_debug
@@ -38,9 +39,7 @@ class TorchDistributedBackend(Backend):
 
     def __init__(self, name: str, *, process_group: str = "auto", **options: Any) -> None:
         super().__init__(name, **options)
-        if process_group not in ("auto", "gloo", "nccl"):
-            raise ConfigurationError(f"process_group {process_group!r} is not 'auto', 'gloo' or 'nccl'.")
-        self.process_group = process_group
+        self.process_group = check_one_of("process_group", process_group, ("auto", "gloo", "nccl"))
         self._owns_group = False
 
     @classmethod

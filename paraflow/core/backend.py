@@ -29,8 +29,8 @@ from .features import TrainingFeatures
 from .options import (
     DEFAULT_TIMEOUT_S,
     announce_ignored,
-    check_accumulation_steps,
     check_compression,
+    check_count,
     seconds_option,
     split_foreign_options,
 )
@@ -122,7 +122,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         self.requested_device = device
         self.precision = check_precision(precision)
         self.compression = check_compression(name, compression, self.COMPRESSIONS, self.COMPRESSION_LIMIT)
-        self.accumulation_steps = check_accumulation_steps(accumulation_steps)
+        self.accumulation_steps = check_count("accumulation_steps", accumulation_steps)
         self.banner = banner_enabled(banner)
         self.stall_threshold = seconds_option("stall_threshold", stall_threshold, STALL_ENV, DEFAULT_STALL_S, True)
         self.check_collectives = debug_enabled() if check_collectives is None else bool(check_collectives)

@@ -17,10 +17,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..training.checkpoint import load_checkpoint, restore_state, save_checkpoint, state_to_save
-from ..training.clipping import check_clip_value, check_norm_type, clip_by_norm_, local_gradient, norm_power, total_norm
+from ..training.clipping import check_norm_type, clip_by_norm_, local_gradient, norm_power, total_norm
 from ..training.precision import GradScaler, autocast, unscale_once
 from ..training.sampler import ShardSampler
 from ..training.shard_check import watch_epoch
+from .options import check_number
 
 __all__ = ["TrainingFeatures"]
 
@@ -58,7 +59,7 @@ class TrainingFeatures:
         `norm_type`) is the same on every rank and on every backend for the same global batch
         (:mod:`paraflow.training.clipping`).
         """
-        max_norm = check_clip_value("max_norm", max_norm)
+        max_norm = check_number("max_norm", max_norm, zero=True)
         norm_type = check_norm_type(norm_type)
         with self._marked("clip_grad_norm_"):
             grads = self._synchronised_gradients(model)
@@ -74,7 +75,7 @@ class TrainingFeatures:
         Between ``backward()`` and ``optimizer.step()``, as :meth:`clip_grad_norm_` (horovod
         reduces first, the fp16 scaler unscales first).
         """
-        clip_value = check_clip_value("clip_value", clip_value)
+        clip_value = check_number("clip_value", clip_value, zero=True)
         with self._marked("clip_grad_value_"):
             for grad in self._synchronised_gradients(model):
                 local_gradient(grad).clamp_(min=-clip_value, max=clip_value)

@@ -23,8 +23,9 @@ __all__ = [
     "COMPRESSIONS",
     "DEFAULT_TIMEOUT_S",
     "REDUCE_OPS",
-    "check_accumulation_steps",
     "check_compression",
+    "check_count",
+    "check_number",
     "check_one_of",
     "seconds_option",
     "split_foreign_options",
@@ -73,11 +74,22 @@ def check_compression(backend: str, compression: str, supported: Iterable[str], 
     return compression
 
 
-def check_accumulation_steps(value: Any) -> int:
-    """Return `value` if it is an integer >= 1, else raise ConfigurationError."""
+def check_count(name: str, value: Any) -> int:
+    """Return `value` if it is an integer >= 1, else raise ConfigurationError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"accumulation_steps must be an integer >= 1, got {value!r}.")
+        raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}.")
     return value
+
+
+def check_number(name: str, value: Any, zero: bool = False) -> float:
+    """`value` as a float if it is a positive number (or 0, where `zero`), else ConfigurationError."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not (number > 0 or (zero and number == 0)):
+        raise ConfigurationError(f"{name} must be a {'non-negative' if zero else 'positive'} number, got {value!r}.")
+    return number
 
 
 def seconds_option(name: str, value: Any, env: str, default: float, zero_turns_off: bool = False) -> float:

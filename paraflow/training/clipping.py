@@ -17,7 +17,7 @@ import torch
 
 from ..errors import ConfigurationError
 
-__all__ = ["check_clip_value", "check_norm_type", "local_gradient", "norm_power", "total_norm", "clip_by_norm_"]
+__all__ = ["check_norm_type", "local_gradient", "norm_power", "total_norm", "clip_by_norm_"]
 
 
 def check_norm_type(norm_type: Any) -> float:
@@ -29,17 +29,6 @@ def check_norm_type(norm_type: Any) -> float:
     if not value > 0:
         raise ConfigurationError(f"norm_type must be a positive number or float('inf'), got {norm_type!r}.")
     return value
-
-
-def check_clip_value(name: str, value: Any) -> float:
-    """`value` (max_norm or clip_value) as a float if it is a non-negative number; else ConfigurationError."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if not number >= 0:
-        raise ConfigurationError(f"{name} must be a non-negative number, got {value!r}.")
-    return number
 
 
 def local_gradient(grad: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ...core.options import check_count
 from ...errors import ConfigurationError
 from ...training.no_sync import forward_decided_sync
 from ..torch_distributed import TorchDistributedBackend
@@ -33,7 +34,7 @@ from .checkpoint import (
     reshard,
 )
 from .optimizer import model_of, rebuild_optimizer, remember_parameters
-from .wrap import DEFAULT_MIN_BLOCK_PARAMS, check_blocks, check_min_block_params, choose_blocks, mixed_precision_policy
+from .wrap import DEFAULT_MIN_BLOCK_PARAMS, check_blocks, choose_blocks, mixed_precision_policy
 
 __all__ = ["FSDPBackend", "FSDP_OPTIONS"]
 
@@ -76,8 +77,8 @@ class FSDPBackend(TorchDistributedBackend):
         if blocks is not None and min_block_params is not None:
             raise ConfigurationError("pass blocks or min_block_params, not both: blocks names them outright.")
         self.blocks = check_blocks(blocks)
-        self.min_block_params = check_min_block_params(
-            DEFAULT_MIN_BLOCK_PARAMS if min_block_params is None else min_block_params
+        self.min_block_params = check_count(
+            "min_block_params", DEFAULT_MIN_BLOCK_PARAMS if min_block_params is None else min_block_params
         )
         if reshard_after_forward not in (None, True, False):
             raise ConfigurationError(

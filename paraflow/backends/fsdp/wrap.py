@@ -8,7 +8,7 @@ root unit takes whatever parameters no block took.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -53,13 +53,6 @@ def check_blocks(blocks: Union[None, str, type, Iterable[Union[str, type]]]) -> 
                 f"got {item!r}."
             )
     return tuple(names)
-
-
-def check_min_block_params(value: Any) -> int:
-    """`value` if it is an integer >= 1, else ConfigurationError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"min_block_params must be an integer >= 1, got {value!r}.")
-    return value
 
 
 def _post_order(module: nn.Module, seen: set) -> Iterator[nn.Module]:

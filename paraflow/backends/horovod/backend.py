@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ...core.backend import Backend
-from ...core.options import check_one_of
+from ...core.options import check_number, check_one_of
 from ...environment.launchers import ProcessEnvironment
 from ...errors import CollectiveError, ConfigurationError, ParaflowError
 from ...reliability.deadlines import DeadlineExceeded, spin_until, watchdog
@@ -107,16 +107,16 @@ class HorovodBackend(Backend):
         super().__init__(name, compression=compression, accumulation_steps=accumulation_steps, **options)
         self.reduce_op = check_one_of("reduce_op", reduce_op, REDUCE_OPS)
         self.requested_controller = check_one_of("controller", controller, CONTROLLERS)
-        self.gradient_predivide_factor = _positive("gradient_predivide_factor", gradient_predivide_factor)
+        self.gradient_predivide_factor = check_number("gradient_predivide_factor", gradient_predivide_factor)
         if self.gradient_predivide_factor != 1.0 and self.reduce_op != "average":
             raise ConfigurationError(
                 f"gradient_predivide_factor={gradient_predivide_factor} applies to "
                 f"reduce_op='average' only, not {self.reduce_op!r}."
             )
         self.fusion_threshold_mb = (
-            None if fusion_threshold_mb is None else _positive("fusion_threshold_mb", fusion_threshold_mb, zero=True)
+            None if fusion_threshold_mb is None else check_number("fusion_threshold_mb", fusion_threshold_mb, zero=True)
         )
-        self.cycle_time_ms = None if cycle_time_ms is None else _positive("cycle_time_ms", cycle_time_ms)
+        self.cycle_time_ms = None if cycle_time_ms is None else check_number("cycle_time_ms", cycle_time_ms)
         self.controller: Optional[str] = None
         self._hvd = None
         self._owns_horovod = False
@@ -459,13 +459,3 @@ class _HorovodErrors:
 
 def _describe(tensor: torch.Tensor) -> str:
     return f"{tensor.dtype} tensor of shape {list(tensor.shape)}"
-
-
-def _positive(option: str, value: Any, zero: bool = False) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if not (number > 0 or (zero and number == 0)):
-        raise ConfigurationError(f"{option} must be a {'non-negative' if zero else 'positive'} number, got {value!r}.")
-    return number
