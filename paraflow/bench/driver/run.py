@@ -76,7 +76,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     raw = _prepare(out)
     threads = {c.nproc: c.threads for c in matrix.cells if c.kind == "train"}
     launchers = list(dict.fromkeys(c.launcher for c in matrix.cells))
-    header = collect_header(threads, launchers, [])
+    header = collect_header(threads, launchers)
     if progress:
         print(start_line(header, matrix, config), file=progress, flush=True)
 

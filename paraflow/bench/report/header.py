@@ -49,13 +49,12 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def collect_header(threads_per_process: dict, launchers: list, commands: list) -> dict:
+def collect_header(threads_per_process: dict, launchers: list) -> dict:
     """Everything a reader needs to reproduce or judge the numbers.
 
     Args:
         threads_per_process: process count -> torch threads each process used.
         launchers: the launchers the run used.
-        commands: the exact command of every launch.
     """
     import torch
     import torch.distributed as dist
@@ -90,7 +89,7 @@ def collect_header(threads_per_process: dict, launchers: list, commands: list) -
         "threads_per_process": {str(k): v for k, v in sorted(threads_per_process.items())},
         "load_average_1min": {"start": round(os.getloadavg()[0], 2)},
         "launchers": launchers,
-        "commands": commands,
+        "commands": [],  # the exact command of every launch, filled in once they have run
         "units": UNITS,
     }
 
