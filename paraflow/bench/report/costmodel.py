@@ -471,12 +471,11 @@ def published_comparison(
     batch: int = 64,
     fusion_bytes: int = 64 * 1024 * 1024,
     cycle_s: float = 5e-3,
-    payload_share: Optional[float] = None,
 ) -> list:
     """Projected against Horovod's published 512-GPU efficiencies, one row per model (see the module
     docstring for every assumption); efficiencies with no overlap and with backward overlap."""
     n = servers * gpus_per_server
-    bandwidth = link_gbit * 1e9 / 8 * (PAYLOAD_SHARE if payload_share is None else payload_share)
+    bandwidth = link_gbit * 1e9 / 8 * PAYLOAD_SHARE
     rows = []
     for model, (parameters, images_per_s, published) in PUBLISHED.items():
         grad = parameters * 4
