@@ -4,12 +4,13 @@ Horovod's stall inspector, for every backend. Each rank records what it is doing
 (:mod:`paraflow.reliability.activity`: the paraflow call or training phase, its call site and
 step); nothing crosses the network while training is healthy. A watchdog thread per rank wakes
 every ``threshold / 4`` seconds (7.5 s by default) and makes one round trip to a key-value store
-every rank reaches without a collective (:func:`open_store`). When this rank has waited longer
-than the threshold (default 30 s, ``stall_threshold=`` or ``PARAFLOW_STALL_THRESHOLD``, at most
-half the timeout; 0 turns it off), it opens a *round* in the store; every rank's watchdog sees it on its next
-wake, writes its own record, reads everyone's, and prints one report on stderr starting
-``paraflow stall:``: each rank's phase, call site, step and wait, the ranks that sent nothing,
-and the likely fix. A timeout error raised afterwards carries the same facts (:func:`stall_facts`).
+every rank reaches without a collective (:func:`process_group_store`, else :func:`hosted_store`).
+When this rank has waited longer than the threshold (default 30 s, ``stall_threshold=`` or
+``PARAFLOW_STALL_THRESHOLD``, at most half the timeout; 0 turns it off), it opens a *round* in the
+store; every rank's watchdog sees it on its next wake, writes its own record, reads everyone's,
+and prints one report on stderr starting ``paraflow stall:``: each rank's phase, call site, step
+and wait, the ranks that sent nothing, and the likely fix. A timeout error raised afterwards
+carries the same facts (:func:`stall_facts`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def start_stall_watch(
     activity = activity or Activity()
     if backend.stall_threshold <= 0:
         return activity, None
-    opener = open_store(backend)
+    opener = process_group_store() or hosted_store(backend)
     if opener is None:
         if backend.rank == 0:
             print("paraflow: no store the ranks share, so no stall reports in this job", file=sys.stderr, flush=True)
@@ -195,10 +196,6 @@ def _detail(state: State) -> str:
 # address reaches the other ranks once, at ``init``, through the backend's own broadcast. Either
 # way an *opener* is returned, called in the watchdog's thread on its first wake, so connecting
 # costs the main thread nothing.
-def open_store(backend: Any) -> Optional[Callable[[], Any]]:
-    """An opener of the store the stall reports meet in, or None (on every rank) without one."""
-    return process_group_store() or hosted_store(backend)
-
 
 #: Seconds one store operation of the watchdog may block (rank 0 gone: give up, try later).
 STORE_OP_TIMEOUT_S = 10.0
