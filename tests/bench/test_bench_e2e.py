@@ -16,7 +16,7 @@ import pytest
 from conftest import RANK_ENV, ROOT
 
 from paraflow.bench.rank.train_loop import trace_name
-from paraflow.bench.report.outputs import csv_tables
+from paraflow.bench.report.outputs import CSV_TABLES
 from paraflow.bench.report.tables import (
     BREAKDOWN_COLUMNS,
     MEMCPY_COLUMNS,
@@ -231,7 +231,7 @@ def same(text: str, value) -> bool:
 @pytest.mark.timeout(480)
 def test_csv_files_hold_the_json_tables_and_their_intervals_under_the_header(run):
     results, out = run["results"], run["out"]
-    for name, (key, columns) in csv_tables().items():
+    for name, (key, columns) in CSV_TABLES.items():
         lines = (out / name).read_text().splitlines()
         comments = [line for line in lines if line.startswith("#")]
         assert comments[0].startswith("# paraflow ") and any("torch " in line for line in comments)

@@ -602,7 +602,7 @@ KEYS = ("costmodel_fit", "predictions", "projection", "published")
 def project_main(path: str, out=None, plots: bool = True) -> int:
     """Print and write the cost model of the run in `path`; 0 when it could fit and predict something."""
     from .compare import load_results
-    from .outputs import write_csv
+    from .outputs import CSV_TABLES, write_csv
     from .tables import build_tables, render
 
     out = out or sys.stdout
@@ -610,12 +610,9 @@ def project_main(path: str, out=None, plots: bool = True) -> int:
     tables = build_tables(results["cells"], results["header"], results.get("config"))
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     (folder / "projection.json").write_text(json.dumps({k: tables[k] for k in KEYS}, indent=1))
-    for name, key, columns in (
-        ("costmodel.csv", "costmodel_fit", FIT_COLUMNS),
-        ("projection.csv", "projection", PROJECTION_COLUMNS),
-        ("published.csv", "published", PUBLISHED_COLUMNS),
-    ):
-        write_csv(folder / name, tables[key], columns, results["header"])
+    for name, (key, columns) in CSV_TABLES.items():
+        if key in KEYS:  # costmodel.csv, projection.csv, published.csv
+            write_csv(folder / name, tables[key], columns, results["header"])
     sections = model_sections(tables, "simple")
     if tables["predictions"]:
         sections.insert(1, ("Predicted against measured step time", render(tables["predictions"], PREDICTION_COLUMNS)))

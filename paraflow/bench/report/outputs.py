@@ -28,7 +28,6 @@ __all__ = [
     "write_csvs",
     "write_json",
     "CSV_TABLES",
-    "csv_tables",
     "verdict_lines",
     "DEFINITIONS",
 ]
@@ -36,22 +35,18 @@ __all__ = [
 INSTALL_HINT = "install the benchmark extras: `pip install 'paraflow[bench]'` (tabulate and matplotlib)"
 
 
-def csv_tables(unit: str = "GB/s") -> dict:
-    """CSV file -> (table key, columns), bandwidth headers in `unit`."""
-    return {
-        "training.csv": ("training", TRAINING_COLUMNS),
-        "sweep.csv": ("sweep", sweep_columns(unit)),
-        "sweep_summary.csv": ("sweep_footer", SWEEP_FOOTER_COLUMNS),
-        "memcpy.csv": ("memcpy", MEMCPY_COLUMNS),
-        "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
-        "tuning.csv": ("tuning", TUNING_COLUMNS),
-        "costmodel.csv": ("costmodel_fit", FIT_COLUMNS),
-        "projection.csv": ("projection", PROJECTION_COLUMNS),
-        "published.csv": ("published", PUBLISHED_COLUMNS),
-    }
-
-
-CSV_TABLES = csv_tables()
+#: CSV file -> (table key, columns); a CSV header names the columns by key, so no unit enters it.
+CSV_TABLES = {
+    "training.csv": ("training", TRAINING_COLUMNS),
+    "sweep.csv": ("sweep", sweep_columns()),
+    "sweep_summary.csv": ("sweep_footer", SWEEP_FOOTER_COLUMNS),
+    "memcpy.csv": ("memcpy", MEMCPY_COLUMNS),
+    "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
+    "tuning.csv": ("tuning", TUNING_COLUMNS),
+    "costmodel.csv": ("costmodel_fit", FIT_COLUMNS),
+    "projection.csv": ("projection", PROJECTION_COLUMNS),
+    "published.csv": ("published", PUBLISHED_COLUMNS),
+}
 
 DEFINITIONS = [
     "every figure with ± or [low–high] is the median over independent launches of the same cell with a 95% "
@@ -267,10 +262,9 @@ def write_csv(path: Path, rows: list, columns: dict, header: dict) -> None:
 
 def write_csvs(results: dict, out: Path) -> list:
     """One CSV per table (write_csv)."""
-    tables = csv_tables(results.get("config", {}).get("units", "GB/s"))
-    for name, (key, columns) in tables.items():
+    for name, (key, columns) in CSV_TABLES.items():
         write_csv(out / name, results["tables"].get(key, []), columns, results["header"])
-    return list(tables)
+    return list(CSV_TABLES)
 
 
 def write_json(results: dict, out: Path) -> str:
