@@ -141,14 +141,14 @@ def _sweep_footer(footer: dict, unit: str) -> str:
 
     vs = footer.get("avg_busbw_vs_memcpy")
     return (
-        f" # Avg bus bandwidth : raw {bw('avg_raw_busbw')}, paraflow {bw('avg_busbw')}"
+        f"# Avg bus bandwidth : raw {bw('avg_raw_busbw')}, paraflow {bw('avg_busbw')}"
         + (f" ({vs * 100:.1f}% of memcpy)" if vs is not None else "")
         + f"   # Out of bounds values : {footer['wrong']} {'OK' if footer['wrong'] == 0 else 'WRONG'}"
     )
 
 
 def _sections(results: dict, fmt: str) -> list:
-    """(title, text) pairs for every table, in reading order."""
+    """(title, text) pairs for every table of results.md, in reading order."""
     tables = results["tables"]
     unit = results.get("config", {}).get("units", "GB/s")
     sections = []
@@ -170,13 +170,16 @@ def _sections(results: dict, fmt: str) -> list:
     for key, rows in _by(tables["sweep"], ("backend", "launcher", "processes", "collective", "dtype")).items():
         text = render(rows, sweep_columns(unit), fmt, drop=SWEEP_HIDDEN)
         if footers.get(key, {}).get("sizes"):
-            text += "\n\n" + _sweep_footer(footers[key], unit)
+            text += f"\n\n`{_sweep_footer(footers[key], unit)}`"
         backend, launcher, n, collective, dtype = key
         title = f"{collective or 'Sweep'} {dtype or ''}: {backend} under {launcher}, {n} processes".strip()
         sections.append((title[0].upper() + title[1:], text))
     for u in tables.get("sweep_unsupported", []):
         sections.append(
-            (f"Not measured: {u['collective']} {u['dtype']} under {u['backend']} · {u['launcher']}", u["error"])
+            (
+                f"Not measured: {u['collective']} {u['dtype']} under {u['backend']} · {u['launcher']}",
+                _md_escape(u["error"]),
+            )
         )
     if tables["memcpy"]:
         sections.append(("Memory-copy bandwidth of this machine", render(tables["memcpy"], MEMCPY_COLUMNS, fmt)))
@@ -220,12 +223,6 @@ def markdown_report(results: dict, plots: list) -> str:
     lines = ["# paraflow benchmark", "", "```", *header_lines(header, with_commands=False), "```", ""]
     lines += ["## Definitions", "", *[f"- {d}" for d in DEFINITIONS], ""]
     for title, text in _sections(results, "github"):
-        if title.startswith("Not measured"):
-            lines += [f"## {title}", "", _md_escape(text), ""]
-            continue
-        if "\n\n # Avg" in text:
-            table, footer = text.split("\n\n", 1)
-            text = f"{table}\n\n`{footer.strip()}`"
         lines += [f"## {title}", "", text, ""]
     for plot in plots:
         lines += [f"![{plot}]({plot})", ""]
