@@ -19,12 +19,7 @@ from ...training.precision import HALF_DTYPES
 from ..torch_distributed import TorchDistributedBackend
 from .comm_hooks import compress_hook, release_continuations
 
-__all__ = ["DDPBackend", "DDP_OPTIONS", "CheckedDistributedDataParallel", "unused_parameters_error"]
-
-#: DistributedDataParallel keyword arguments passed through under their torch names.
-DDP_OPTIONS = frozenset(
-    {"bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters", "broadcast_buffers"}
-)
+__all__ = ["DDPBackend", "CheckedDistributedDataParallel", "unused_parameters_error"]
 
 
 class DDPBackend(TorchDistributedBackend):
@@ -38,12 +33,18 @@ class DDPBackend(TorchDistributedBackend):
     ``compression`` "fp16" / "bf16" registers torch's fp16/bf16 compression communication hook.
     """
 
-    OPTIONS = DDP_OPTIONS | TorchDistributedBackend.OPTIONS
+    OPTIONS = TorchDistributedBackend.OPTIONS | {
+        "bucket_cap_mb",
+        "gradient_as_bucket_view",
+        "static_graph",
+        "find_unused_parameters",
+        "broadcast_buffers",
+    }
     COMPRESSIONS = frozenset({"none", "fp16", "bf16"})
 
     def __init__(self, name: str, **options: Any) -> None:
         super().__init__(name, **options)
-        self.ddp_options = {k: v for k, v in self.options.items() if k in DDP_OPTIONS}
+        self.ddp_options = dict(self.options)  # what is left is DistributedDataParallel's
         if (
             self.compression == "bf16"
             and self.transport == "nccl"

@@ -36,10 +36,7 @@ from .checkpoint import (
 from .optimizer import model_of, rebuild_optimizer, remember_parameters
 from .wrap import DEFAULT_MIN_BLOCK_PARAMS, check_blocks, choose_blocks, mixed_precision_policy
 
-__all__ = ["FSDPBackend", "FSDP_OPTIONS"]
-
-#: Options this backend takes besides the common ones and process_group.
-FSDP_OPTIONS = frozenset({"blocks", "min_block_params", "reshard_after_forward", "async_save"})
+__all__ = ["FSDPBackend"]
 
 
 class FSDPBackend(TorchDistributedBackend):
@@ -60,7 +57,7 @@ class FSDPBackend(TorchDistributedBackend):
     reduce_dtype; ``accumulation_steps`` and ``no_sync`` use its gradient-sync switch.
     """
 
-    OPTIONS = FSDP_OPTIONS | TorchDistributedBackend.OPTIONS
+    OPTIONS = TorchDistributedBackend.OPTIONS | {"blocks", "min_block_params", "reshard_after_forward", "async_save"}
     COMPRESSIONS = frozenset({"none", "fp16", "bf16"})
 
     def __init__(

@@ -44,21 +44,8 @@ from .start import (
     start_mpi,
 )
 
-__all__ = ["HorovodBackend", "HOROVOD_OPTIONS", "COMPRESSIONS", "REDUCE_OPS", "CONTROLLERS"]
+__all__ = ["HorovodBackend", "REDUCE_OPS", "CONTROLLERS"]
 
-#: Options this backend takes besides the common ones.
-HOROVOD_OPTIONS = frozenset(
-    {
-        "compression",
-        "accumulation_steps",
-        "reduce_op",
-        "gradient_predivide_factor",
-        "fusion_threshold_mb",
-        "cycle_time_ms",
-        "controller",
-    }
-)
-COMPRESSIONS = ("none", "fp16")
 REDUCE_OPS = ("average", "sum", "adasum")
 CONTROLLERS = ("auto", "mpi", "gloo")
 _COLLECTIVE_OPS = {"sum": "Sum", "mean": "Average", "min": "Min", "max": "Max"}
@@ -85,8 +72,10 @@ class HorovodBackend(Backend):
     the library moving this process's tensors ("mpi", "gloo", "nccl", ...).
     """
 
-    OPTIONS = HOROVOD_OPTIONS
-    COMPRESSIONS = frozenset(COMPRESSIONS)
+    OPTIONS = frozenset(
+        {"reduce_op", "gradient_predivide_factor", "fusion_threshold_mb", "cycle_time_ms", "controller"}
+    )
+    COMPRESSIONS = frozenset({"none", "fp16"})
     COMPRESSION_LIMIT = "horovod's allreduce refuses bfloat16"
     LAUNCHERS = ("mpirun", "horovodrun")
 
@@ -94,8 +83,6 @@ class HorovodBackend(Backend):
         self,
         name: str,
         *,
-        compression: str = "none",
-        accumulation_steps: int = 1,
         reduce_op: str = "average",
         gradient_predivide_factor: float = 1.0,
         fusion_threshold_mb: Optional[float] = None,
@@ -104,7 +91,7 @@ class HorovodBackend(Backend):
         **options: Any,
     ) -> None:
         self._timeout_given = options.get("timeout") is not None or bool(os.environ.get("PARAFLOW_TIMEOUT"))
-        super().__init__(name, compression=compression, accumulation_steps=accumulation_steps, **options)
+        super().__init__(name, **options)
         self.reduce_op = check_one_of("reduce_op", reduce_op, REDUCE_OPS)
         self.requested_controller = check_one_of("controller", controller, CONTROLLERS)
         self.gradient_predivide_factor = check_number("gradient_predivide_factor", gradient_predivide_factor)
