@@ -28,7 +28,6 @@ __all__ = [
     "write_csvs",
     "write_json",
     "CSV_TABLES",
-    "verdict_lines",
     "DEFINITIONS",
 ]
 
@@ -200,11 +199,6 @@ def _sections(results: dict, fmt: str) -> list:
     return sections + model_sections(tables, fmt)
 
 
-def verdict_lines(results: dict) -> list:
-    """The summary's sentences, in order: training, abstraction overhead, collectives."""
-    return [entry["text"] for entry in results["tables"].get("verdict", [])]
-
-
 def _failures(results: dict) -> list:
     return [f"{c['id']}: {c['status']}: {c['error']}" for c in results["cells"] if c["status"] != "ok"]
 
@@ -240,8 +234,9 @@ def markdown_report(results: dict, plots: list) -> str:
     if _failures(results):
         lines += ["## Failed cells", "", *[f"- {_md_escape(f)}" for f in _failures(results)], ""]
     lines += ["## Commands", "", "```", *header["commands"], "```", ""]
-    if verdict_lines(results):
-        lines += ["## Verdict", "", *[f"- {_md_escape(v)}" for v in verdict_lines(results)], ""]
+    verdicts = [entry["text"] for entry in results["tables"].get("verdict", [])]  # training, overhead, collectives
+    if verdicts:
+        lines += ["## Verdict", "", *[f"- {_md_escape(v)}" for v in verdicts], ""]
     return "\n".join(lines)
 
 
