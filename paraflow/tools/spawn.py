@@ -362,9 +362,7 @@ def _ranks(ranks: list) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
-def _exit_text(returncode: Optional[int]) -> str:
-    if returncode is None:
-        return "still running"
+def _exit_text(returncode: int) -> str:
     if returncode < 0:
         try:
             return f"killed by {signal.Signals(-returncode).name}"
