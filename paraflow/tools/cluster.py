@@ -113,20 +113,18 @@ def namespace_pids(name: str) -> list[int]:
     return [int(p) for p in run(["ip", "netns", "pids", name], check=False).split()]
 
 
-def kill_namespace_processes(name: str, wait_s: float = 10.0) -> list[int]:
-    """SIGKILL every process in namespace `name` until none is left; return the pids killed."""
-    killed: list[int] = []
+def kill_namespace_processes(name: str, wait_s: float = 10.0) -> None:
+    """SIGKILL every process in namespace `name` until none is left."""
     deadline = time.monotonic() + wait_s
     while True:
         pids = namespace_pids(name)
         if not pids:
-            return killed
+            return
         if time.monotonic() > deadline:
             raise ClusterError(f"processes {pids} in namespace {name} survived SIGKILL for {wait_s:g} s")
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
