@@ -27,6 +27,7 @@ from typing import Optional
 
 from ...errors import ConfigurationError
 from .intervals import CONFIDENCE, holm, t_quantile, two_sided_p, welch
+from .screen import interval_text
 
 __all__ = ["load_results", "compare_runs", "compare_main"]
 
@@ -128,14 +129,6 @@ def _probes(a: dict, b: dict) -> Optional[dict]:
     return {"a": pa, "b": pb, "ratio": pb["median_ms"] / pa["median_ms"]}
 
 
-def _cell(value, low, high) -> str:
-    if value is None:
-        return "—"
-    if low is None or high is None:
-        return f"{value:g}"
-    return f"{value:g} [{low:g}–{high:g}]"
-
-
 def report(a_name: str, b_name: str, result: dict) -> str:
     """The comparison as Markdown: the medians table, then the verdicts."""
     from tabulate import tabulate
@@ -149,7 +142,12 @@ def report(a_name: str, b_name: str, result: dict) -> str:
         for key in FIGURES:
             p = e[key].get("p_holm")
             mark = "—" if p is None else f"{p:.2g}" + (" DIFFERS" if e[key]["differs"] else "")
-            cells += [_cell(*e[key]["a"]), _cell(*e[key]["b"]), "yes" if e[key]["agree"] else "NO", mark]
+            cells += [
+                interval_text(*e[key]["a"]),
+                interval_text(*e[key]["b"]),
+                "yes" if e[key]["agree"] else "NO",
+                mark,
+            ]
         body.append(cells)
     lines = [f"A = {a_name}, B = {b_name}; medians over launches with 95% intervals", ""]
     lines += [tabulate(body, headers=head, tablefmt="github", disable_numparse=True)]

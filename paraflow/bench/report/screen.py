@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["screen_report", "headline", "headlines", "compact_rows", "COMPACT_COLUMNS"]
+__all__ = ["screen_report", "headline", "headlines", "compact_rows", "interval_text", "COMPACT_COLUMNS"]
 
 #: The compact table's columns: key -> header.
 COMPACT_COLUMNS = {
@@ -82,11 +82,10 @@ def headlines(verdict: list, training: Optional[list] = None) -> list:
     return [headline(e, rows.get((e["model"], e.get("first"), e["processes"]))) for e in widest.values()]
 
 
-def _interval(row: dict, key: str, fmt: str) -> str:
-    value = row.get(key)
+def interval_text(value, low=None, high=None, fmt: str = "g") -> str:
+    """`value [low–high]` in `fmt`: the value alone without both ends, — without a value."""
     if value is None:
         return "—"
-    low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
     if low is None or high is None:
         return format(value, fmt)
     return f"{format(value, fmt)} [{format(low, fmt)}–{format(high, fmt)}]"
@@ -100,27 +99,24 @@ def _params(row: dict) -> str:
     return size + (f" / {mb:g} MB" if mb is not None else "")
 
 
-def _plain(value, fmt: str) -> str:
-    return "—" if value is None else format(value, fmt)
-
-
 def compact_rows(training: list) -> list:
     """The compact table's rows: weak scaling, default settings, one per model x backend x launcher x processes."""
     rows = []
     for row in training:
         if row.get("scaling", "weak") != "weak" or row.get("setting", "default") != "default":
             continue
-        samples = _interval(row, "samples_per_s", ",.0f") if row.get("status") == "ok" else row.get("status")
+        interval = [row.get(k) for k in ("samples_per_s", "samples_per_s_low", "samples_per_s_high")]
+        samples = interval_text(*interval, ",.0f") if row.get("status") == "ok" else row.get("status")
         rows.append(
             {
                 "model": row["model"],
                 "run": f"{row['backend']}·{row['launcher']}",
                 "processes": row["processes"],
                 "samples": samples,
-                "step": _plain(row.get("step_ms_median"), ".3g"),
-                "efficiency": _plain(row.get("scaling_efficiency"), ".0%"),
-                "rss": _plain(row.get("peak_mem_mb"), ",.0f"),
-                "cuda": _plain(row.get("peak_cuda_mb"), ",.0f"),
+                "step": interval_text(row.get("step_ms_median"), fmt=".3g"),
+                "efficiency": interval_text(row.get("scaling_efficiency"), fmt=".0%"),
+                "rss": interval_text(row.get("peak_mem_mb"), fmt=",.0f"),
+                "cuda": interval_text(row.get("peak_cuda_mb"), fmt=",.0f"),
                 "params": _params(row),
             }
         )
