@@ -147,29 +147,25 @@ class HorovodBackend(Backend):
 
     def _init(self) -> None:
         hvd = self._hvd = import_horovod()
-        if hvd.is_initialized():  # the user started horovod already: join it, leave it running
-            check_horovod_world(hvd, self.env)
-            self.controller = "mpi" if hvd.mpi_enabled() else "gloo"
-            self._check_reduce_op()
-            return
         try:
-            controller = choose_controller(hvd, self.env, self.requested_controller)
-            set_knobs(
-                self._env_vars,
-                fusion_threshold_mb=self.fusion_threshold_mb,
-                cycle_time_ms=self.cycle_time_ms,
-                timeout=self.timeout,
-                timeout_given=self._timeout_given,
-            )
-            if controller == "mpi":
-                self._uses_mpi4py = start_mpi(hvd, self._env_vars)
-            else:
-                self._rendezvous = start_gloo(hvd, self.env, self.timeout)
-            self._owns_horovod = True
+            if not hvd.is_initialized():  # else the user started horovod already: join it, leave it running
+                controller = choose_controller(hvd, self.env, self.requested_controller)
+                set_knobs(
+                    self._env_vars,
+                    fusion_threshold_mb=self.fusion_threshold_mb,
+                    cycle_time_ms=self.cycle_time_ms,
+                    timeout=self.timeout,
+                    timeout_given=self._timeout_given,
+                )
+                if controller == "mpi":
+                    self._uses_mpi4py = start_mpi(hvd, self._env_vars)
+                else:
+                    self._rendezvous = start_gloo(hvd, self.env, self.timeout)
+                self._owns_horovod = True
+                self._progress_at = time.monotonic()
             check_horovod_world(hvd, self.env)
             self.controller = "mpi" if hvd.mpi_enabled() else "gloo"
             self._check_reduce_op()
-            self._progress_at = time.monotonic()
         except BaseException:
             self._leaving_on_error = True
             self._shutdown()
