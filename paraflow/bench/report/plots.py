@@ -252,12 +252,10 @@ def projection_figure(tables: dict, header: dict):
     fig, axes = plt.subplots(1, len(models), figsize=(5.6 * len(models), 5.8), squeeze=False)
     for ax, model in zip(axes[0], models):
         colors: dict = {}
-        for r in (r for r in rows if r["model"] == model):
-            series = f"{r['backend']} · {r['launcher']}"
-            colors.setdefault(series, f"C{len(colors)}")
         lines: dict = {}
         for r in (r for r in rows if r["model"] == model):
             series = f"{r['backend']} · {r['launcher']}"
+            colors.setdefault(series, f"C{len(colors)}")
             link = "as fitted" if r["link"].startswith("as fitted") else r["link"]
             lines.setdefault((series, link), []).append(r)
         for (series, link), points in lines.items():
