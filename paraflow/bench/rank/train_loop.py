@@ -408,7 +408,6 @@ def trace_name(model_label: str, rank: int) -> str:
 
 def write_trace(backend, step: Callable, batches: Iterator, directory: Path, model_label: str) -> str:
     """Profile TRACE_STEPS steps of `step` and write this rank's Chrome trace under `directory`."""
-    import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     activities = [ProfilerActivity.CPU]
@@ -419,8 +418,7 @@ def write_trace(backend, step: Callable, batches: Iterator, directory: Path, mod
         for i in range(TRACE_STEPS):
             with record_function(f"paraflow step {i}"):
                 step(*next(batches))
-                if backend.device.type == "cuda":
-                    torch.cuda.synchronize(backend.device)
+                device_sync(backend.device)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / trace_name(model_label, backend.rank)
     prof.export_chrome_trace(str(path))
