@@ -145,10 +145,6 @@ def launch_command(
         if not hosts:
             where = ["--nnodes", "1", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1"]
             return [*run, *where, "--master_port", str(port or free_port()), *script]
-        if not 0 <= node_rank < len(hosts):
-            raise ConfigurationError(
-                f"node rank {node_rank} is not one of the {len(hosts)} hosts (0-{len(hosts) - 1})."
-            )
         endpoint = f"{hosts[0][0]}:{port or 29500}"
         where = [
             "--nnodes",
