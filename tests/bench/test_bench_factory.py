@@ -63,6 +63,7 @@ def test_a_bare_module_gets_a_synthetic_batch_of_input_shape_and_classes():
     facts = check_factory(spec("bench_factories:bare:width=3"), (3, 6, 6), 5)
     assert facts["parameters"] == sum(p.numel() for p in built.module.parameters())
     assert facts["param_bytes"] == 4 * facts["parameters"]
+    assert facts["grad_bytes"] == facts["param_bytes"]  # every parameter trains
 
 
 @pytest.mark.parametrize(

@@ -162,11 +162,14 @@ def check_factory(spec, input_shape: Optional[tuple], classes: int) -> dict:
 
 
 def model_facts(module: nn.Module) -> dict:
-    """Parameter count and bytes of `module` (every parameter, trainable or not)."""
+    """`module`'s trainable parameter count, the bytes of all its parameters (trainable or not) and
+    the bytes of the trainable ones' gradients."""
     params = list(module.parameters())
+    trainable = [p for p in params if p.requires_grad]
     return {
-        "parameters": sum(p.numel() for p in params),
+        "parameters": sum(p.numel() for p in trainable),
         "param_bytes": sum(p.numel() * p.element_size() for p in params),
+        "grad_bytes": sum(p.numel() * p.element_size() for p in trainable),
     }
 
 

@@ -115,20 +115,15 @@ class StepCounter:
         sys.exit(0)
 
     def result(self, window_s: float) -> dict:
-        from ...examples.models import count_parameters
         from .factory import model_facts
 
-        module = self.backend.unwrap(self.models[0]) if self.models else None
-        facts = model_facts(module) if module is not None else {"parameters": None, "param_bytes": None}
-        grads = [p for p in module.parameters() if p.requires_grad] if module is not None else []
+        module = self.backend.unwrap(self.models[0])  # a sample was counted, so a model was wrapped
         per_step = self.window_samples / self.steps
         device = self.backend.device
         return {
             "model": Path(self.task.split("::", 1)[-1]).name,
             "model_spec": self.task.split("/", 1)[-1],
-            "parameters": count_parameters(module) if module is not None else None,
-            "param_bytes": facts["param_bytes"],
-            "grad_bytes": sum(p.numel() * p.element_size() for p in grads),
+            **model_facts(module),
             "batch_per_rank": round(per_step, 2),
             "samples_per_step": per_step,
             "window_samples": self.window_samples,

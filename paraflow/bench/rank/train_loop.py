@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...examples.data import load_dataset
-from ...examples.models import build_model, count_parameters
+from ...examples.models import build_model
 from ..backends import no_sync_communicates
 from ..driver.config import ModelSpec
 from .factory import batch_samples, build_factory, call_model, model_facts, take, to_device
@@ -262,9 +262,7 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
             inputs, targets = take(inputs, targets, backend.rank, backend.world_size)
         step_batch = per_rank = batch_samples(inputs)
         batches = itertools.repeat((inputs, targets))
-    parameters = count_parameters(module)
-    param_bytes = model_facts(module)["param_bytes"]
-    grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    facts = model_facts(module)
     model = backend.wrap_model(module)
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
     marks: dict = {}
@@ -294,9 +292,7 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
     result = {
         "model": spec.label,
         "model_spec": str(spec),
-        "parameters": parameters,
-        "param_bytes": param_bytes,
-        "grad_bytes": grad_bytes,
+        **facts,
         "batch_per_rank": per_rank,
         "samples_per_step": step_batch,
         "replicas": backend.replicas,
