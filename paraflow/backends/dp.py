@@ -7,14 +7,13 @@ import warnings
 import torch
 from torch import nn
 
-from ..core.backend import Backend
-from ..core.collectives import LocalCollectives
 from ..errors import ConfigurationError
+from .single import SingleProcessBackend
 
 __all__ = ["DataParallelBackend"]
 
 
-class DataParallelBackend(LocalCollectives, Backend):
+class DataParallelBackend(SingleProcessBackend):
     """nn.DataParallel over every visible GPU; a pass-through on a CPU-only host.
 
     Options:
@@ -23,8 +22,6 @@ class DataParallelBackend(LocalCollectives, Backend):
     """
 
     OPTIONS = frozenset({"device_ids", "output_device"})
-    MULTI_PROCESS = False
-    LAUNCHERS = ("python",)
     _warned_cpu = False
 
     @property

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ..core.backend import Backend
-from ..core.collectives import LocalCollectives
 
 __all__ = ["SingleProcessBackend"]
 
 
-class SingleProcessBackend(LocalCollectives, Backend):
+class SingleProcessBackend(Backend):
     """One process training the whole batch; what every other backend is measured against."""
 
     MULTI_PROCESS = False
@@ -22,3 +22,17 @@ class SingleProcessBackend(LocalCollectives, Backend):
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Move `model` to the device; nothing else."""
         return model.to(self.device)
+
+    # Collectives for a single process: every result is this process's own tensor.
+    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        return tensor
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        return tensor
+
+    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return [tensor.clone()]
+
+    def barrier(self) -> None:
+        """Nothing to wait for in one process."""
+        self._live()

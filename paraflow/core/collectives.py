@@ -31,7 +31,7 @@ from ..reliability.collective_check import (
 from ..reliability.translation import raise_translated
 from .options import REDUCE_OPS
 
-__all__ = ["Collectives", "LocalCollectives"]
+__all__ = ["Collectives"]
 
 
 class Collectives:
@@ -192,21 +192,4 @@ class Collectives:
     def _check_tensor(self, tensor: Any, collective: str) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise ConfigurationError(f"{collective} takes a torch.Tensor, got {type(tensor).__name__}.")
-        self._live()
-
-
-class LocalCollectives:
-    """Collectives for a single process: every result is this process's own tensor."""
-
-    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
-        return tensor
-
-    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        return tensor
-
-    def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        return [tensor.clone()]
-
-    def barrier(self) -> None:
-        """Nothing to wait for in one process."""
         self._live()
