@@ -27,6 +27,7 @@ __all__ = [
     "startup_errors",
     "is_timeout",
     "is_peer_lost",
+    "error_line",
 ]
 
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded|stalled", re.IGNORECASE)
@@ -60,7 +61,8 @@ def _peer(rank: int, world_size: int) -> str:
     return "another rank"
 
 
-def _first_line(exc: BaseException, limit: int = 200) -> str:
+def error_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of `exc`'s message (its type's name when it has none), cut at `limit` characters."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -104,7 +106,7 @@ def translate_collective_error(
         return None
     where = f"{collective} on rank {rank} of {world_size} (backend {backend})"
     peer = _peer(rank, world_size)
-    cause = _first_line(exc)
+    cause = error_line(exc)
     translated: Optional[CollectiveError] = None
     if is_timeout(exc) or (is_peer_lost(exc) and waited >= timeout):
         translated = CollectiveTimeoutError(

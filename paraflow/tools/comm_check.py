@@ -28,6 +28,7 @@ from typing import Any, Optional, TextIO
 
 from ..environment.rendezvous import interface_address
 from ..errors import LauncherError, ParaflowError
+from ..reliability.translation import error_line
 from .flags import renamed
 from .spawn import run_workers
 
@@ -203,7 +204,7 @@ def check_rank(backend: str, timeout: float) -> dict:
         store, missing, go = _arrive(env.rank, env.world_size, addr, port, timeout, free_port)
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         what = "serve the rendezvous" if env.rank == 0 else "reach rank 0"
-        report["error"] = f"could not {what} at {addr}:{port} within {timeout:g} s: {_line(exc)}"
+        report["error"] = f"could not {what} at {addr}:{port} within {timeout:g} s: {error_line(exc, 300)}"
         return report
     report["arrival_s"] = round(time.monotonic() - start, 3)
     if missing:
@@ -232,7 +233,7 @@ def check_rank(backend: str, timeout: float) -> dict:
         report["stage"] = "done"
         instance.shutdown()
     except Exception as exc:  # noqa: BLE001
-        report["error"] = f"{type(exc).__name__} during {report['stage']}: {_line(exc)}"
+        report["error"] = f"{type(exc).__name__} during {report['stage']}: {error_line(exc, 300)}"
     return report
 
 
@@ -335,8 +336,3 @@ def interface_of(ip: str) -> Optional[str]:
         except (LauncherError, ImportError):  # no IPv4 address there; no fcntl off Linux
             continue
     return None
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
