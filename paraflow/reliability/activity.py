@@ -21,14 +21,14 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Optional
 
 import torch
 
 from ..errors import ConfigurationError
 
-__all__ = ["Activity", "State", "attach_markers", "attach_step_marker", "call_site", "site_of"]
+__all__ = ["Activity", "State", "attach_markers", "attach_step_marker", "call_site", "site_of", "ranks_text"]
 
 
 # Frames of these packages are not the user's call site: paraflow itself, the libraries that call
@@ -78,6 +78,11 @@ def site_of(frame) -> str:
             _SITES.clear()
         site = _SITES[where] = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
     return site
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """How paraflow's messages name ranks: ``rank 3``, or ``ranks 1, 2`` for several."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 class State(NamedTuple):

@@ -36,6 +36,7 @@ import torch
 import torch.distributed
 
 from ..errors import CollectiveError
+from .activity import ranks_text
 
 __all__ = [
     "DEBUG_ENV",
@@ -182,8 +183,7 @@ def describe(calls: list[Optional[Call]]) -> str:
         groups.setdefault(text, []).append(rank)
     parts = []
     for text, ranks in groups.items():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-        parts.append(f"{who} called {text}")
+        parts.append(f"{ranks_text(ranks)} called {text}")
     return "; ".join(parts)
 
 

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from .activity import Activity
+from .activity import Activity, ranks_text
 
 __all__ = [
     "JOB_DIR_ENV",
@@ -403,7 +403,7 @@ def compose(dead: dict, signal_name: Optional[str], others: dict[int, dict], dir
         text += "; " + "; ".join(parts)
     missing = [r for r in range(world) if r not in others and r != rank]
     if missing:
-        text += f"; no record of rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} on this host"
+        text += f"; no record of {ranks_text(missing)} on this host"
     if signal_name:
         text += f". Its Python stacks: {Path(directory) / f'rank{rank}.fault'}"
     return text + "."

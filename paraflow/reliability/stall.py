@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .activity import Activity, State
+from .activity import Activity, State, ranks_text
 from .collective_check import call_text
 
 __all__ = [
@@ -275,10 +275,6 @@ COLLECTIVE_CALLS = ("allreduce", "broadcast", "allgather", "barrier", "save", "l
 _TRAINING = ("forward", "backward", "optimizer.step", "idle")
 
 
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-
-
 def _doing(record: dict) -> str:
     call, site, seconds = record["call"], record["site"], record["for"]
     if call == "idle":
@@ -299,7 +295,7 @@ def _short(record: dict) -> str:
 
 
 def _line(ranks: list[int], record: dict) -> str:
-    return f"  {_ranks(ranks)}: {_doing(record)} (step {record['step']})"
+    return f"  {ranks_text(ranks)}: {_doing(record)} (step {record['step']})"
 
 
 def likely_causes(records: dict[int, dict], world_size: int, window: float) -> list[str]:
@@ -314,7 +310,7 @@ def likely_causes(records: dict[int, dict], world_size: int, window: float) -> l
     missing = [r for r in range(world_size) if r not in records]
     if missing:
         causes.append(
-            f"{_ranks(missing)} sent no record within {window:.0f} s: stopped (SIGSTOP, a debugger), crashed or "
+            f"{ranks_text(missing)} sent no record within {window:.0f} s: stopped (SIGSTOP, a debugger), crashed or "
             "exited, or stuck in native code that holds the Python GIL; its own output or the launcher's says which."
         )
     if _different_collectives(records):
@@ -335,7 +331,7 @@ def likely_causes(records: dict[int, dict], world_size: int, window: float) -> l
     idle = sorted(r for r, rec in records.items() if rec["call"] == "idle")
     if not causes and idle and len(idle) < len(records):
         causes.append(
-            f"{_ranks(idle)} {'is' if len(idle) == 1 else 'are'} in the script's own code, in no paraflow call or "
+            f"{ranks_text(idle)} {'is' if len(idle) == 1 else 'are'} in the script's own code, in no paraflow call or "
             f"training step, while the others wait: either work only some ranks do (an evaluation, logging or a "
             f"torch.save under `if rank == 0:`: make it short, or have every rank take part), or "
             f"{'it has' if len(idle) == 1 else 'they have'} left the training loop early. " + _UNEVEN_FIX
@@ -379,14 +375,14 @@ def _collective_cause(call: str, inside: list[int], outside: list[int], records:
         "; ..." if len(outside) > 4 else ""
     )
     text = (
-        f"{call} is collective: every rank must call it{writes}. {_ranks(inside)} called it at {site}; "
-        f"{_ranks(outside)} did not and went on ({elsewhere}). A call under `if rank == 0:` (or any branch only "
+        f"{call} is collective: every rank must call it{writes}. {ranks_text(inside)} called it at {site}; "
+        f"{ranks_text(outside)} did not and went on ({elsewhere}). A call under `if rank == 0:` (or any branch only "
         f"some ranks take) waits for ranks that never come: call it on every rank."
     )
     ahead = all(records[r]["passes"] > max(records[i]["passes"] for i in inside) for r in outside)
     training = all(records[r]["call"] in _TRAINING for r in outside)
     if training and not ahead:
-        text += f" Or {_ranks(inside)} ran out of batches first. " + _UNEVEN_FIX
+        text += f" Or {ranks_text(inside)} ran out of batches first. " + _UNEVEN_FIX
     return text
 
 
@@ -407,7 +403,7 @@ def compose_report(
         lines.append(_line(ranks, records[worst]))
     missing = [r for r in range(world_size) if r not in records]
     if missing:
-        lines.append(f"  {_ranks(missing)}: no record")
+        lines.append(f"  {ranks_text(missing)}: no record")
     lines += [f"  likely cause: {cause}" for cause in likely_causes(records, world_size, window)]
     lines.append(
         f"  The job fails when the timeout of {timeout:g} s runs out (paraflow.init(timeout=...), PARAFLOW_TIMEOUT)."

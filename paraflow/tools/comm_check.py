@@ -28,6 +28,7 @@ from typing import Any, Optional, TextIO
 
 from ..environment.rendezvous import interface_address
 from ..errors import LauncherError, ParaflowError
+from ..reliability.activity import ranks_text
 from ..reliability.translation import error_line
 from .flags import renamed
 from .spawn import run_workers
@@ -260,8 +261,7 @@ def _arrive(rank: int, world: int, addr: str, port: int, timeout: float, fresh_p
         if not missing or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    ranks = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}"
-    go = f"abort:{ranks} never arrived" if missing else str(fresh_port())
+    go = f"abort:{ranks_text(missing)} never arrived" if missing else str(fresh_port())
     store.set("go", go)
     arrived = [f"read/{r}" for r in range(1, world) if r not in missing]
     if arrived:

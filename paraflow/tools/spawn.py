@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 
 from ..environment.launchers import free_port, launcher_variables
 from ..errors import ConfigurationError, LaunchTimeoutError, MissingDependencyError, RankFailedError
+from ..reliability.activity import ranks_text
 from ..reliability.last_words import JOB_DIR_ENV, job_ended, mark_ended, new_job_directory, report_dead_ranks
 from ..reliability.translation import is_peer_lost
 from .launch import kill_group, kill_tree, prctl
@@ -314,7 +315,7 @@ def raise_for_outcomes(outcomes: list[RankOutcome], time_limit: Optional[float])
             head = f"rank {first.rank} of {n} died ({kind}) without returning; its last output is below"
         also = "".join(f"\nrank {r} failed too: {s}" for r, s in sorted(others.items()))
         stopped = [o.rank for o in outcomes if o.status == "unfinished"]
-        ended = f"\nThe others were stopped: {_ranks(stopped)}." if stopped else ""
+        ended = f"\nThe others were stopped: {ranks_text(stopped)}." if stopped else ""
         raise RankFailedError(
             f"{head}\n\n--- rank {first.rank} ---\n{text.rstrip()}\n---{also}{ended}", first.rank, kind, text, others
         )
@@ -323,7 +324,7 @@ def raise_for_outcomes(outcomes: list[RankOutcome], time_limit: Optional[float])
         last = outcomes[unfinished[0]]
         tail = "\n".join(list(last.tail)[-10:]) or "(no output)"
         raise LaunchTimeoutError(
-            f"{_ranks(unfinished)} of {n} did not finish within time_limit={time_limit:g} s; "
+            f"{ranks_text(unfinished)} of {n} did not finish within time_limit={time_limit:g} s; "
             f"every worker was stopped. Last output of rank {unfinished[0]}:\n{tail}\nPass a larger "
             "time_limit=SECONDS for longer runs; PARAFLOW_DEBUG=1 makes every rank print each collective "
             "it enters, which shows where one waits.",
@@ -356,10 +357,6 @@ def with_sources(text: str, fn: Callable[..., Any]) -> str:
         return frame + (f"\n{indent}  {source}" if source else "")
 
     return _DYNAMIC_FRAME.sub(restore, text)
-
-
-def _ranks(ranks: list) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def _exit_text(returncode: int) -> str:
