@@ -372,10 +372,9 @@ def _comm(launches: list, gen) -> Optional[intervals.Estimate]:
         return None
     per_launch = []
     for ln in launches:
-        sync = torch.tensor(ln["sync"], dtype=torch.float64)
-        no_sync = torch.tensor(ln["no_sync"], dtype=torch.float64)
-        point = metrics.communication_overhead(statistics.median(no_sync.tolist()), statistics.median(sync.tolist()))
-        sync, no_sync = intervals.blocks(sync, "median"), intervals.blocks(no_sync, "median")  # same blocks
+        point = metrics.communication_overhead(statistics.median(ln["no_sync"]), statistics.median(ln["sync"]))
+        sync = intervals.blocks(torch.tensor(ln["sync"], dtype=torch.float64), "median")
+        no_sync = intervals.blocks(torch.tensor(ln["no_sync"], dtype=torch.float64), "median")  # same blocks
         drawn = torch.randint(len(sync), (intervals.RESAMPLES, len(sync)), generator=gen)  # pairs stay pairs
         replicates = 1 - no_sync[drawn].quantile(0.5, dim=1) / sync[drawn].quantile(0.5, dim=1)
         per_launch.append((point, replicates))
