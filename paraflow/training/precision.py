@@ -9,7 +9,15 @@ import torch
 
 from ..errors import ConfigurationError
 
-__all__ = ["PRECISIONS", "check_precision", "check_precision_on", "autocast", "GradScaler", "unscale_once"]
+__all__ = [
+    "PRECISIONS",
+    "HALF_DTYPES",
+    "check_precision",
+    "check_precision_on",
+    "autocast",
+    "GradScaler",
+    "unscale_once",
+]
 
 #: "fp32": no autocast; "bf16": autocast to bfloat16; "fp16": autocast to float16 with loss scaling.
 PRECISIONS = ("fp32", "bf16", "fp16")
