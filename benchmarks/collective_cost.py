@@ -10,7 +10,8 @@ For 4 KB, 1 MB, 16 MB and 64 MB of float32, rank 0 prints the median over ROUNDS
 sides interleaved call by call in this one process, the order flipped every round. Then the same
 small training step through a model wrapped with the stall watch's markers and one wrapped
 without them (the watch's thread runs throughout; it wakes every threshold / 4 s), interleaved
-the same way.
+the same way, once for each order of building the two models, beside an A/A control of two
+models without markers.
 """
 
 import statistics
@@ -72,37 +73,52 @@ def collectives(backend, rounds: int) -> None:
 
 
 def training_step(backend, rounds: int) -> None:
+    """The step with markers against the step without, each order of building the two models once
+    (on two cores the model built first can be the slower one, markers or not), and the same for
+    two models without markers: the A/A control of how far two identical models differ."""
+
     def model():
         torch.manual_seed(0)
         return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
 
     activity = backend._activity
-    nets, optimizers = {}, {}
-    for key in ("on", "off"):
-        backend._activity = activity if key == "on" else None  # the second model and optimizer get no markers
-        nets[key] = backend.wrap_model(model())
-        optimizers[key] = backend.wrap_optimizer(torch.optim.SGD(nets[key].parameters(), lr=0.01), nets[key])
-    backend._activity = activity
     x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
 
-    def step(key):
-        def run():
-            backend._activity = activity if key == "on" else None  # horovod's step reads it at each call
-            optimizers[key].zero_grad()
-            F.cross_entropy(nets[key](x), y).backward()
-            optimizers[key].step()
-            backend._activity = activity
+    def steps(marked: tuple) -> list:
+        """One training step for each of two models built in order, `marked[i]` saying whether the
+        i-th gets the stall watch's markers."""
+        runs = []
+        for on in marked:
+            backend._activity = activity if on else None  # a model and optimizer without markers
+            net = backend.wrap_model(model())
+            optimizer = backend.wrap_optimizer(torch.optim.SGD(net.parameters(), lr=0.01), net)
 
-        return run
+            def run(net=net, optimizer=optimizer, on=on):
+                backend._activity = activity if on else None  # horovod's step reads it at each call
+                optimizer.zero_grad()
+                F.cross_entropy(net(x), y).backward()
+                optimizer.step()
+                backend._activity = activity
 
-    on, off = step("on"), step("off")
-    interleaved(backend, on, off, 20, 2)
-    mine, raw, ratio = interleaved(backend, on, off, 20, rounds)
+            runs.append(run)
+        backend._activity = activity
+        return runs
+
+    ratios = {}
+    for label, marked in (("on built first", (True, False)), ("off built first", (False, True))):
+        on, off = steps(marked)[:: 1 if marked[0] else -1]
+        interleaved(backend, on, off, 20, 2)
+        mine, raw, ratios[label] = interleaved(backend, on, off, 20, rounds)
+        if backend.is_main:
+            print(f"training step  stall watch on {mine * 1e3:.3f} ms  off {raw * 1e3:.3f} ms  "
+                  f"median ratio {ratios[label]:.3f} ({label})", flush=True)  # fmt: skip
+    first, second = steps((False, False))
+    interleaved(backend, first, second, 20, 2)
+    control = interleaved(backend, first, second, 20, rounds)[2]
     if backend.is_main:
-        print(
-            f"training step  stall watch on {mine * 1e3:.3f} ms  off {raw * 1e3:.3f} ms  median ratio {ratio:.3f}",
-            flush=True,
-        )
+        both = statistics.geometric_mean(ratios.values())
+        print(f"training step  on / off over both orders {both:.3f}; A/A control (two models without markers) "
+              f"{control:.3f}", flush=True)  # fmt: skip
 
 
 def main(name: str, rounds: int) -> None:
