@@ -7,11 +7,12 @@ Usage: torchrun --nproc_per_node 2 benchmarks/collective_cost.py [BACKEND] [ROUN
 For 4 KB, 1 MB, 16 MB and 64 MB of float32, rank 0 prints the median over ROUNDS of
 ``backend.allreduce_(x)`` against the library's in-place sum (``dist.all_reduce(x)``,
 ``hvd.allreduce_(x)``) and ``backend.allreduce(x)`` against the library's sum of a copy, the two
-sides interleaved call by call in this one process, the order flipped every round. Then the same
-small training step through a model wrapped with the stall watch's markers and one wrapped
-without them (the watch's thread runs throughout; it wakes every threshold / 4 s), interleaved
-the same way, once for each order of building the two models, beside an A/A control of two
-models without markers.
+sides interleaved call by call in this one process, the order flipped every round, and the
+library's in-place sum against itself: the A/A control, how far two identical sides differ.
+Then the same small training step through a model wrapped with the stall watch's markers and one
+wrapped without them (the watch's thread runs throughout; it wakes every threshold / 4 s),
+interleaved the same way, once for each order of building the two models, beside an A/A control
+of two models without markers.
 """
 
 import statistics
@@ -60,14 +61,14 @@ def collectives(backend, rounds: int) -> None:
                 lambda x=x: backend.allreduce(x, "sum"),
                 lambda x=x: in_place(x.clone()),
             ),
+            "A/A: all_reduce / all_reduce in place": (lambda x=x: in_place(x), lambda x=x: in_place(x)),
         }
         for name, (ours, theirs) in pairs.items():
             interleaved(backend, ours, theirs, calls, 2)  # warm-up
             mine, raw, ratio = interleaved(backend, ours, theirs, calls, rounds)
             if backend.is_main:
                 print(
-                    f"{label:>6} {name:34s} paraflow {mine * 1e6:9.1f} us  library {raw * 1e6:9.1f} us  "
-                    f"median ratio {ratio:.3f}",
+                    f"{label:>6} {name:38s} {mine * 1e6:9.1f} us / {raw * 1e6:9.1f} us  median ratio {ratio:.3f}",
                     flush=True,
                 )
 
