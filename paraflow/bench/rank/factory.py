@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from ...errors import ConfigurationError
 
@@ -182,28 +183,14 @@ def take(inputs: Any, targets: torch.Tensor, rank: int, world_size: int) -> tupl
             "return a batch whose size does, or use weak scaling."
         )
     share = slice(rank * n // world_size, (rank + 1) * n // world_size)
-
-    def cut(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return value[share]
-        if isinstance(value, dict):
-            return {k: cut(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(cut(v) for v in value)
-        return value
-
-    return cut(inputs), targets[share]
+    return tree_map_only(torch.Tensor, lambda t: t[share], inputs), targets[share]
 
 
 def to_device(inputs: Any, device) -> Any:
     """`inputs` with every tensor in it on `device`."""
-    if isinstance(inputs, torch.Tensor):
+    if isinstance(inputs, torch.Tensor):  # the built-in models' batch, every timed step: no tree walk
         return inputs.to(device)
-    if isinstance(inputs, dict):
-        return {k: to_device(v, device) for k, v in inputs.items()}
-    if isinstance(inputs, (list, tuple)):
-        return type(inputs)(to_device(v, device) for v in inputs)
-    return inputs
+    return tree_map_only(torch.Tensor, lambda t: t.to(device), inputs)
 
 
 def call_model(model: nn.Module, inputs: Any) -> torch.Tensor:
