@@ -661,14 +661,14 @@ def _rows_of(group: str, found: list, ident: dict, copy_bw: dict, unit: str) -> 
     for launch, tasks in enumerate(found):
         for rank_task in tasks:
             for r in rank_task["rows"]:
-                slot = keyed.setdefault((r["collective"], r["dtype"], r["bytes"]), {"count": r["count"]})
+                slot = keyed.setdefault((r["collective"], r["dtype"]), {}).setdefault(r["bytes"], {"count": r["count"]})
                 side = slot.setdefault(r["impl"], {})
                 side.setdefault("time", {}).setdefault(launch, []).append(r.get("round_s") or [r["time_s"]])
                 side["wrong"] = side.get("wrong", 0) + r["wrong"]
     rows, footers = [], []
-    for (collective, dtype), sizes in _by_collective(keyed).items():
+    for (collective, dtype), sizes in keyed.items():
         body = []
-        for size, slot in sizes:
+        for size, slot in sorted(sizes.items()):
             row = {**dict.fromkeys(sweep_columns(unit)), **ident, "collective": collective, "dtype": dtype}
             row.update(size_bytes=size, count=slot["count"], launches=len(found), status="ok")
             factor = metrics.bus_factor(n, collective)
@@ -696,13 +696,6 @@ def _rows_of(group: str, found: list, ident: dict, copy_bw: dict, unit: str) -> 
         rows += body
         footers.append(_footer(ident, collective, dtype, body))
     return rows, footers
-
-
-def _by_collective(keyed: dict) -> dict:
-    out: dict = {}
-    for (collective, dtype, size), slot in keyed.items():
-        out.setdefault((collective, dtype), []).append((size, slot))
-    return {k: sorted(v) for k, v in out.items()}
 
 
 def _mean(values: list) -> Optional[float]:
