@@ -192,11 +192,6 @@ def fit_alpha_beta(
     return alpha, 1.0 / inverse if inverse > 0 else math.inf
 
 
-def _link(header: Optional[dict]) -> str:
-    cluster = (header or {}).get("cluster")
-    return f"{cluster['hosts']} hosts, {cluster['bandwidth']}" if cluster else "one host"
-
-
 def fit_sweep(sweep: list, header: Optional[dict] = None) -> list:
     """One fit per backend, launcher and process count from the sweep table's float32 allreduce rows.
 
@@ -213,11 +208,13 @@ def fit_sweep(sweep: list, header: Optional[dict] = None) -> list:
         time_us = row.get("raw_time_us") if row.get("raw_time_us") is not None else row.get("time_us")
         if time_us:
             grouped.setdefault(key, []).append((row["size_bytes"], time_us * 1e-6))
+    cluster = (header or {}).get("cluster")
+    link = f"{cluster['hosts']} hosts, {cluster['bandwidth']}" if cluster else "one host"
     fits = []
     for (backend, launcher, transport, n), points in grouped.items():
         algorithm, fixed = algorithm_of(backend, transport), fixed_s(backend)
         fit = dict.fromkeys(FIT_COLUMNS)
-        fit.update(backend=backend, launcher=launcher, transport=transport, link=_link(header), processes=n)
+        fit.update(backend=backend, launcher=launcher, transport=transport, link=link, processes=n)
         fit.update(algorithm=algorithm, sizes=len(points))
         try:
             alpha, bandwidth = fit_alpha_beta([p[0] for p in points], [p[1] for p in points], n, algorithm, fixed)
@@ -475,7 +472,7 @@ def published_comparison(
     """Projected against Horovod's published 512-GPU efficiencies, one row per model (see the module
     docstring for every assumption); efficiencies with no overlap and with backward overlap."""
     n = servers * gpus_per_server
-    bandwidth = link_gbit * 1e9 / 8 * PAYLOAD_SHARE
+    bandwidth = _link_bandwidth(link_gbit)
     rows = []
     for model, (parameters, images_per_s, published) in PUBLISHED.items():
         grad = parameters * 4
