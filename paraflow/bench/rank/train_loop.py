@@ -153,16 +153,9 @@ def make_batches(backend, data: str, batch_size: int, seed: int) -> tuple[Iterat
     if len(y) < batch_size:
         repeat = -(-batch_size // len(y))
         x, y = x.repeat(repeat, *([1] * (x.dim() - 1))), y.repeat(repeat)
-
-    def cycle() -> Iterator:
-        start = 0
-        while True:
-            if start + batch_size > len(y):
-                start = 0
-            yield x[start : start + batch_size], y[start : start + batch_size]
-            start += batch_size
-
-    return cycle(), tuple(x_all.shape[1:]), int(y_all.max()) + 1
+    starts = range(0, len(y) - batch_size + 1, batch_size)  # whole batches only
+    batches = itertools.cycle([(x[i : i + batch_size], y[i : i + batch_size]) for i in starts])
+    return batches, tuple(x_all.shape[1:]), int(y_all.max()) + 1
 
 
 def make_step(
