@@ -379,6 +379,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         from ..report.costmodel import project_main
 
         return project_main(args.run, plots=args.plots)
-    from .run import exit_status, run_bench
+    from .run import run_bench
 
-    return exit_status(run_bench(config_from_args(args)))
+    results = run_bench(config_from_args(args))
+    return 0 if all(c["status"] == "ok" for c in results["cells"]) else 1

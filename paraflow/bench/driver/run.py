@@ -23,7 +23,7 @@ from .on_cluster import bench_cluster, cluster_header
 from .progress import LaunchProgress
 from .runner import OMP_WAIT, probe_summary, run_cells, run_extra_launches, worker_entry
 
-__all__ = ["run_bench", "exit_status", "check_models", "start_line", "OUTPUT_FILES"]
+__all__ = ["run_bench", "check_models", "start_line", "OUTPUT_FILES"]
 
 OUTPUT_FILES = (
     "results.json",
@@ -162,8 +162,3 @@ def check_models(config: BenchConfig) -> None:
     for spec in config.models:
         if spec.kind == "factory":
             check_factory(spec, config.input_shape, config.classes)
-
-
-def exit_status(results: dict) -> int:
-    """0 when every launch succeeded, else 1."""
-    return 0 if all(c["status"] == "ok" for c in results["cells"]) else 1
