@@ -232,15 +232,9 @@ def binomial_interval(values: Sequence[float], confidence: float = CONFIDENCE) -
     n = len(ordered)
     if n == 0:
         raise ValueError("interval of no values")
-    best_k, best_cover = 1, 1 - 2 * 0.5**n
-    cumulative = 0.0  # P(B <= k - 1)
-    for k in range(1, n // 2 + 1):
-        cumulative += math.comb(n, k - 1) * 0.5**n
-        cover = 1 - 2 * cumulative
-        if cover < confidence:
-            break
-        best_k, best_cover = k, cover
-    return ordered[best_k - 1], ordered[n - best_k], best_cover
+    covers = 1 - 2 * stats.binom.cdf(range(max(1, n // 2)), n, 0.5)  # of k = 1, 2, ...: 1 - 2 P(B <= k - 1)
+    k = max(1, int((covers >= confidence).sum()))  # covers fall as k grows
+    return ordered[k - 1], ordered[n - k], float(covers[k - 1])
 
 
 def two_sided_p(t: float, df: float) -> float:
