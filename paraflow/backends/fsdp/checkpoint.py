@@ -46,7 +46,7 @@ from ...training.checkpoint import (
     restore_state,
     state_to_save,
 )
-from ...training.checkpoint_sharded import EXTRAS, POINTER, committed_version
+from ...training.checkpoint_sharded import EXTRAS, POINTER, committed_version, optimizer_state_by_position
 from ...training.object_collectives import allgather_objects, broadcast_object
 
 __all__ = [
@@ -353,15 +353,7 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     by_name = get_optimizer_state_dict(model, optimizer, options=_options(full_state_dict=True, cpu_offload=True))
-    if not by_name:
-        return {}
-    position = {name: i for i, name in enumerate(_names_in_order(model, optimizer))}
-    return {
-        "state": {position[name]: value for name, value in by_name["state"].items()},
-        "param_groups": [
-            {**group, "params": [position[name] for name in group["params"]]} for group in by_name["param_groups"]
-        ],
-    }
+    return optimizer_state_by_position(by_name) if by_name else {}
 
 
 def load_full_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
