@@ -18,12 +18,12 @@ import torch.distributed as dist
 from ..core.backend import Backend
 from ..core.options import check_one_of
 from ..environment.rendezvous import resolve_master
-from ..errors import ConfigurationError, LauncherError
+from ..errors import ConfigurationError
 from ..reliability.collective_check import debug_enabled, enable_torch_debug
 from ..reliability.deadlines import call_with_deadline
 from ..reliability.translation import collective_errors, startup_errors
 
-__all__ = ["TorchDistributedBackend", "check_master", "store_for_this_attempt", "process_group_transport"]
+__all__ = ["TorchDistributedBackend", "store_for_this_attempt", "process_group_transport"]
 
 _TORCH_OPS = {"sum": "SUM", "mean": "SUM", "min": "MIN", "max": "MAX"}
 
@@ -84,13 +84,9 @@ class TorchDistributedBackend(Backend):
                 )
             return
         env = self.env
-        if env.launcher == "torchrun":
-            check_master(env)
-            init_method = "env://"  # torchrun's agent already holds the store at MASTER_PORT
-            addr, port = env.master_addr, env.master_port
-        else:
-            addr, port = resolve_master(env)
-            init_method = f"tcp://{addr}:{port}"
+        addr, port = resolve_master(env)
+        # torchrun's agent already holds the store at MASTER_PORT
+        init_method = "env://" if env.launcher == "torchrun" else f"tcp://{addr}:{port}"
         kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
         if debug_enabled():
             enable_torch_debug()
@@ -182,20 +178,6 @@ class TorchDistributedBackend(Backend):
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
-
-
-def check_master(env) -> None:
-    """torchrun's variables without rank 0's address: say which are missing, not torch's ValueError."""
-    missing = [
-        name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port)) if not value
-    ]
-    if missing:
-        raise LauncherError(
-            f"RANK and WORLD_SIZE are set (torchrun's variables), but {' and '.join(missing)} "
-            f"{'is' if len(missing) == 1 else 'are'} not, so rank {env.rank} cannot find rank 0. Launch with "
-            f"`torchrun --nproc_per_node {env.world_size} train.py`, which sets them, or set them yourself "
-            f"(on one host: MASTER_ADDR=127.0.0.1 MASTER_PORT=29500)."
-        )
 
 
 _SESSIONS = 0  # stores this process opened on the launcher's address, one per session

@@ -57,15 +57,26 @@ def _rank0_endpoint(env: ProcessEnvironment) -> tuple[str, int]:
 def resolve_master(env: ProcessEnvironment) -> tuple[str, int]:
     """Return rank 0's address and a port every rank agrees on.
 
-    Uses MASTER_ADDR / MASTER_PORT when the launcher set them; a free local port for one
-    process; under MPI, rank 0's host and a free port broadcast with mpi4py.
+    Uses MASTER_ADDR / MASTER_PORT when the launcher set them (torchrun always does); a free
+    local port for one process; under MPI, rank 0's host and a free port broadcast with mpi4py.
 
     Raises:
         MissingDependencyError: MPI launched the job, mpi4py is missing and no MASTER_* is set.
-        LauncherError: the launcher gives no way to agree on rank 0's address.
+        LauncherError: the launcher gives no way to agree on rank 0's address, or torchrun's
+            variables lack MASTER_ADDR or MASTER_PORT (saying which).
     """
     if env.master_addr and env.master_port:
         return env.master_addr, env.master_port
+    if env.launcher == "torchrun":  # name what is missing, not torch's ValueError
+        missing = [
+            name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port)) if not value
+        ]
+        raise LauncherError(
+            f"RANK and WORLD_SIZE are set (torchrun's variables), but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not, so rank {env.rank} cannot find rank 0. Launch with "
+            f"`torchrun --nproc_per_node {env.world_size} train.py`, which sets them, or set them yourself "
+            f"(on one host: MASTER_ADDR=127.0.0.1 MASTER_PORT=29500)."
+        )
     if env.world_size == 1:
         return _rank0_endpoint(env)
     if env.is_mpi:

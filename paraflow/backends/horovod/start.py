@@ -34,7 +34,7 @@ from ...environment.rendezvous import gloo_ifname, host_address, resolve_master
 from ...errors import BackendUnavailableError, ConfigurationError, LauncherError
 from ...reliability.deadlines import call_with_deadline
 from ...reliability.translation import startup_errors
-from ..torch_distributed import check_master, store_for_this_attempt
+from ..torch_distributed import store_for_this_attempt
 
 __all__ = [
     "launch_commands",
@@ -214,13 +214,9 @@ def start_gloo(hvd, env: ProcessEnvironment, timeout: float):
     rendezvous = None
     try:
         if env.launcher != "horovodrun":
-            if env.launcher == "torchrun":
-                check_master(env)
-                # torchrun's agent serves a store there; without it (rare) rank 0 serves one.
-                serve = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-                addr, port = env.master_addr, env.master_port
-            else:
-                (addr, port), serve = resolve_master(env), True
+            addr, port = resolve_master(env)
+            # torchrun's agent serves a store there; without it (rare) rank 0 serves one.
+            serve = env.launcher != "torchrun" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
             rendezvous = GlooRendezvous(env, addr, port, serve_store=serve, timeout=timeout)
             with startup_errors(
                 rank=env.rank,
