@@ -188,6 +188,7 @@ class ShardedCheckpointer:
     def load(self, path: str, state: Optional[MutableMapping[str, Any]]) -> dict:
         """Restore `state` in place from `path`'s committed version; a collective call."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
         b = self.backend
         self.wait()
@@ -202,15 +203,30 @@ class ShardedCheckpointer:
         self._agree(error, f"could not read sharded checkpoint {path}", everywhere=True)
         kinds, saved = extras["kinds"], extras["state"]
         state = state if state is not None else {}
-        for key in state:
-            if key not in kinds and key not in saved:
+        targets = {}  # the sharded state dicts DCP loads into, laid out like this run's shards
+        for key, value in state.items():
+            kind = kinds.get(key)
+            if kind is None:
+                if key not in saved:
+                    raise ConfigurationError(
+                        f"checkpoint {path} has no entry {key!r}; it has: {', '.join([*kinds, *saved])}."
+                    )
+                continue
+            wanted = torch.optim.Optimizer if kind == "optimizer" else torch.nn.Module
+            if not (isinstance(value, wanted) and is_sharded(value)):
                 raise ConfigurationError(
-                    f"checkpoint {path} has no entry {key!r}; it has: {', '.join([*kinds, *saved])}."
+                    f"checkpoint {path} holds a sharded {kind} under {key!r}, but this state has a "
+                    f"{type(value).__name__} there that fsdp did not wrap."
                 )
-        targets = self._targets(state, kinds, path)
+            targets[key] = self._state_dict(value, state)
         try:
             dcp.load(targets, checkpoint_id=directory)
-            self._restore_sharded(state, targets, kinds)
+            for key, loaded in targets.items():
+                if kinds[key] == "model":
+                    set_model_state_dict(state[key], loaded)
+                else:
+                    with keep_tuples(state[key]):
+                        set_optimizer_state_dict(b._owner(state[key], state), state[key], loaded)
         except _failures() as exc:
             raise ConfigurationError(f"sharded checkpoint {path} does not fit this state: {_cause(exc)}") from exc
         others = {k: v for k, v in state.items() if k not in kinds}
@@ -219,32 +235,6 @@ class ShardedCheckpointer:
         rng = extras["rng"]
         restore_rng_state(rng[b.rank % len(rng)], b.device)
         return rest
-
-    def _targets(self, state: Mapping[str, Any], kinds: Mapping[str, str], path: str) -> dict:
-        """The sharded state dicts DCP loads into, laid out like this run's shards."""
-        targets = {}
-        for key, kind in kinds.items():
-            if key not in state:
-                continue
-            value = state[key]
-            wanted = torch.optim.Optimizer if kind == "optimizer" else torch.nn.Module
-            if not (isinstance(value, wanted) and is_sharded(value)):
-                raise ConfigurationError(
-                    f"checkpoint {path} holds a sharded {kind} under {key!r}, but this state has a "
-                    f"{type(value).__name__} there that fsdp did not wrap."
-                )
-            targets[key] = self._state_dict(value, state)
-        return targets
-
-    def _restore_sharded(self, state: Mapping[str, Any], targets: Mapping[str, Any], kinds: Mapping[str, str]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-        for key, loaded in targets.items():
-            if kinds[key] == "model":
-                set_model_state_dict(state[key], loaded)
-            else:
-                with keep_tuples(state[key]):
-                    set_optimizer_state_dict(self.backend._owner(state[key], state), state[key], loaded)
 
     # ----------------------------------------------------------------- helpers
     def _agree(self, error: Optional[BaseException], what: str, everywhere: bool = False) -> None:
