@@ -318,12 +318,6 @@ def _options(**kwargs: Any):
     return StateDictOptions(**kwargs)
 
 
-def _names_in_order(model: nn.Module, optimizer: torch.optim.Optimizer) -> list:
-    """Each optimizer parameter's name in `model`, in the positions optimizer.state_dict() uses."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-
 def full_model_state(model: nn.Module) -> dict:
     """The whole ``state_dict`` on rank 0, on the CPU (other ranks get an empty one); collective."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -360,7 +354,9 @@ def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer
         return
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    names = _names_in_order(model, optimizer)
+    # each parameter's name in `model`, in the positions optimizer.state_dict() uses
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    names = [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
     try:
         by_name: MutableMapping[str, Any] = {
             "state": {names[int(i)]: value for i, value in state["state"].items()},
