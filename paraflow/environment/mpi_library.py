@@ -37,7 +37,7 @@ from .launchers import ProcessEnvironment
 __all__ = [
     "WrapperMPI",
     "wrapper_mpi",
-    "find_mpicc",
+    "find_tool",
     "mpi4py_library",
     "linked_library",
     "mpi_family",
@@ -102,13 +102,14 @@ class WrapperMPI:
         return f"{label} {self.version} ({self.source}, {self.mpicc})"
 
 
-def find_mpicc(python: str = sys.executable) -> Optional[str]:
-    """The ``mpicc`` a build for `python` uses: the one in its environment's ``bin`` (a PyPI MPI)
-    first, then the one on PATH (a system or module-loaded MPI); None when there is none."""
-    local = os.path.join(os.path.dirname(os.path.abspath(python)), "mpicc")
+def find_tool(name: str, python: Optional[str] = None) -> Optional[str]:
+    """The program `name` (``mpicc``, ``mpirun``) that a build or run for `python` (default: this
+    Python) uses: the one in its environment's ``bin`` (a venv's, a PyPI MPI's) first, then the one
+    on PATH (a system or module-loaded MPI); None when there is none."""
+    local = os.path.join(os.path.dirname(os.path.abspath(python or sys.executable)), name)
     if os.access(local, os.X_OK):
         return local
-    return shutil.which("mpicc")
+    return shutil.which(name)
 
 
 def command_output(argv: list) -> str:
@@ -121,12 +122,12 @@ def command_output(argv: list) -> str:
 
 
 def wrapper_mpi(python: str = sys.executable) -> Optional[WrapperMPI]:
-    """What MPI the ``mpicc`` of :func:`find_mpicc` belongs to; None when there is no ``mpicc``.
+    """What MPI the ``mpicc`` :func:`find_tool` finds belongs to; None when there is no ``mpicc``.
 
     Asks the tools beside the wrapper: ``mpichversion`` (MPICH), ``ompi_info`` (Open MPI), else
     the first line of ``mpirun --version``.
     """
-    mpicc = find_mpicc(python)
+    mpicc = find_tool("mpicc", python)
     if mpicc is None:
         return None
     bindir = os.path.dirname(mpicc)

@@ -24,7 +24,6 @@ host's namespace.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..environment.launchers import free_port, launcher_tools
-from ..environment.mpi_library import launcher_family
+from ..environment.mpi_library import find_tool, launcher_family
 from ..errors import ConfigurationError, MissingDependencyError
 
 __all__ = [
@@ -58,14 +57,6 @@ __all__ = [
 WATCH_INTERVAL_S = 0.5
 HOROVODRUN_HINT = "install horovod: `make install` or scripts/build_horovod.sh"
 SRUN_HINT = "srun comes with SLURM: run inside an allocation (`salloc -n N`) on a SLURM cluster"
-
-
-def find_tool(name: str) -> Optional[str]:
-    """The program `name` next to this Python first (a venv's bin), then on PATH; None if absent."""
-    local = os.path.join(os.path.dirname(sys.executable), name)
-    if os.access(local, os.X_OK):
-        return local
-    return shutil.which(name)
 
 
 def _tool(name: str, install_hint: str, must_exist: bool = True) -> str:

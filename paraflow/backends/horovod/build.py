@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...environment.cache import cache_dir
-from ...environment.mpi_library import find_mpicc, linked_library, mpi_family, wrapper_mpi
+from ...environment.mpi_library import find_tool, linked_library, mpi_family, wrapper_mpi
 from .info import HOROVOD_VERSION
 
 __all__ = ["wheel_cache", "cache_key", "missing_tools", "linked_mpi_problem", "build_and_install", "add_arguments"]
@@ -102,7 +102,7 @@ def _tool_path(python: str) -> str:
 
 def missing_tools(python: str = sys.executable) -> list[str]:
     """The build prerequisites absent here (keys of the apt package table)."""
-    missing = [] if find_mpicc(python) else ["mpicc"]
+    missing = [] if find_tool("mpicc", python) else ["mpicc"]
     if shutil.which("cmake", path=_tool_path(python)) is None:
         missing.append("cmake")
     if not (shutil.which("c++") or shutil.which("g++")):
