@@ -324,7 +324,6 @@ class Cluster:
             os.makedirs(etc, exist_ok=True)
             with open(os.path.join(etc, "hosts"), "w") as f:
                 f.write(hosts_file)
-        self.set_bandwidth(self.bandwidth)
         table = "\n".join(
             "  {0}|{1}) ns={2} name={0} ;;".format(*map(shlex.quote, (h.name, h.address, h.namespace)))
             for h in self.hosts
@@ -333,8 +332,7 @@ class Cluster:
         with open(self.ssh_agent, "w") as f:
             f.write(_SSH_AGENT.format(cluster=self.name, table=table, path=shlex.quote(LOGIN_PATH)))
         os.chmod(self.ssh_agent, 0o755)
-        with open(os.path.join(self.state_dir, "cluster.json"), "w") as f:
-            json.dump(self.describe(), f, indent=1)
+        self.set_bandwidth(self.bandwidth)  # shapes the links and writes cluster.json in the state_dir
 
     def set_bandwidth(self, bandwidth: Optional[str]) -> None:
         """Limit every host link, both directions, to `bandwidth` (tc notation); None lifts the limit."""
