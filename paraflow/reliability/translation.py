@@ -24,6 +24,7 @@ __all__ = [
     "collective_errors",
     "raise_translated",
     "translate_collective_error",
+    "translate_on",
     "startup_errors",
     "is_timeout",
     "is_peer_lost",
@@ -128,6 +129,21 @@ def translate_collective_error(
     return translated
 
 
+def translate_on(backend: Any, exc: BaseException, collective: str, waited: float = 0.0) -> Optional[CollectiveError]:
+    """:func:`translate_collective_error` for `exc` raised inside `collective` on `backend`: its
+    rank, world size, name and timeout, and its last stall report."""
+    return translate_collective_error(
+        exc,
+        collective=collective,
+        rank=backend.rank,
+        world_size=backend.world_size,
+        backend=backend.name,
+        timeout=backend.timeout,
+        waited=waited,
+        facts=stall_facts(backend),
+    )
+
+
 def translate_escaped_error(backend: Any, exc: BaseException) -> Optional[CollectiveError]:
     """The paraflow error for torch's own communication failure leaving ``with paraflow.init()``, or None.
 
@@ -142,16 +158,12 @@ def translate_escaped_error(backend: Any, exc: BaseException) -> Optional[Collec
         frames.append(tb.tb_frame.f_code.co_filename)
         tb = tb.tb_next
     in_backward = any(f"torch{os.sep}autograd{os.sep}" in name for name in frames)
-    return translate_collective_error(
+    return translate_on(
+        backend,
         exc,
-        collective="the gradient allreduce in loss.backward()"
+        "the gradient allreduce in loss.backward()"
         if in_backward
         else "the gradient allreduce (or another torch collective) in the training loop",
-        rank=backend.rank,
-        world_size=backend.world_size,
-        backend=backend.name,
-        timeout=backend.timeout,
-        facts=stall_facts(backend),
     )
 
 
@@ -175,16 +187,7 @@ def raise_translated(backend: Any, collective: str, exc: RuntimeError, started: 
     """Raise `exc` (a failure in `collective`, begun at time.monotonic() `started`) as the paraflow
     error it stands for; return when it is not a communication failure."""
     original = getattr(exc, "original", None) if isinstance(exc, CollectiveError) else exc
-    translated = original is not None and translate_collective_error(
-        original,
-        collective=collective,
-        rank=backend.rank,
-        world_size=backend.world_size,
-        backend=backend.name,
-        timeout=backend.timeout,
-        waited=time.monotonic() - started,
-        facts=stall_facts(backend),
-    )
+    translated = original is not None and translate_on(backend, original, collective, time.monotonic() - started)
     if translated:
         raise translated from original
 

@@ -28,8 +28,7 @@ from ...core.options import check_number, check_one_of
 from ...environment.launchers import ProcessEnvironment
 from ...errors import CollectiveError, ConfigurationError, ParaflowError
 from ...reliability.deadlines import DeadlineExceeded, spin_until, watchdog
-from ...reliability.stall import stall_facts
-from ...reliability.translation import translate_collective_error
+from ...reliability.translation import translate_collective_error, translate_on
 from ...training.no_sync import forward_decided_sync
 from ...training.object_collectives import copy_state_from
 from .info import horovod_missing_reason, import_horovod
@@ -395,16 +394,8 @@ class HorovodBackend(Backend):
             exc = exc.original
         if isinstance(exc, ValueError):  # horovod refuses the tensor itself (dtype, layout)
             raise ConfigurationError(f"horovod cannot run the {what}: {exc}") from exc
-        translated = translate_collective_error(  # a timeout or a lost rank: paraflow.reliability.translation
-            exc,
-            collective=f"horovod {what}",
-            rank=self.rank,
-            world_size=self.world_size,
-            backend=self.name,
-            timeout=self.timeout,
-            waited=time.monotonic() - min(start, getattr(self, "_progress_at", start)),
-            facts=stall_facts(self),
-        )
+        waited = time.monotonic() - min(start, getattr(self, "_progress_at", start))
+        translated = translate_on(self, exc, f"horovod {what}", waited)  # a timeout or a lost rank
         if translated is not None:
             raise translated from exc
         if str(exc).startswith("Mismatched"):  # the coordinator's answer to every rank: name each one's call
