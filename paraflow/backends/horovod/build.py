@@ -103,7 +103,7 @@ def _tool_path(python: str) -> str:
 def missing_tools(python: str = sys.executable) -> list[str]:
     """The build prerequisites absent here (keys of the apt package table)."""
     missing = [] if find_tool("mpicc", python) else ["mpicc"]
-    if shutil.which("cmake", path=_tool_path(python)) is None:
+    if find_tool("cmake", python) is None:
         missing.append("cmake")
     if not (shutil.which("c++") or shutil.which("g++")):
         missing.append("c++")
@@ -170,7 +170,7 @@ def build_wheel(python: str, directory: Path, version: str = HOROVOD_VERSION) ->
         env = {
             **os.environ,
             "PATH": _tool_path(python),
-            "HOROVOD_CMAKE": str(_cmake_wrapper(Path(tmp), shutil.which("cmake", path=_tool_path(python)))),
+            "HOROVOD_CMAKE": str(_cmake_wrapper(Path(tmp), find_tool("cmake", python))),
             "CMAKE_POLICY_VERSION_MINIMUM": "3.5",  # gloo's old cmake_minimum_required
             "HOROVOD_WITH_PYTORCH": "1",
             "HOROVOD_WITH_GLOO": "1",

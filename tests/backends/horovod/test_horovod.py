@@ -338,6 +338,7 @@ def test_build_without_compilers_says_what_to_apt_get_first(monkeypatch, tmp_pat
 
     monkeypatch.setenv("PARAFLOW_WHEEL_CACHE", str(tmp_path))
     monkeypatch.setattr(build.shutil, "which", lambda tool, path=None: None)
+    monkeypatch.setattr(build, "find_tool", lambda name, python=None: None)  # not even in the venv's bin
     monkeypatch.setattr(build, "probe", lambda python: {"version": None})  # as if horovod were absent
     monkeypatch.setattr(build, "build_wheel", lambda *a: pytest.fail("must not start a build"))
     assert build.build_and_install(sys.executable) == 1
