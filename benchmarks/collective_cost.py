@@ -111,15 +111,21 @@ def training_step(backend, rounds: int) -> None:
         interleaved(backend, on, off, 20, 2)
         mine, raw, ratios[label] = interleaved(backend, on, off, 20, rounds)
         if backend.is_main:
-            print(f"training step  stall watch on {mine * 1e3:.3f} ms  off {raw * 1e3:.3f} ms  "
-                  f"median ratio {ratios[label]:.3f} ({label})", flush=True)  # fmt: skip
+            print(
+                f"training step  stall watch on {mine * 1e3:.3f} ms  off {raw * 1e3:.3f} ms  "
+                f"median ratio {ratios[label]:.3f} ({label})",
+                flush=True,
+            )
     first, second = steps((False, False))
     interleaved(backend, first, second, 20, 2)
     control = interleaved(backend, first, second, 20, rounds)[2]
     if backend.is_main:
         both = statistics.geometric_mean(ratios.values())
-        print(f"training step  on / off over both orders {both:.3f}; A/A control (two models without markers) "
-              f"{control:.3f}", flush=True)  # fmt: skip
+        print(
+            f"training step  on / off over both orders {both:.3f}; "
+            f"A/A control (two models without markers) {control:.3f}",
+            flush=True,
+        )
 
 
 def main(name: str, rounds: int) -> None:
