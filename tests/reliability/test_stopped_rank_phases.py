@@ -24,6 +24,7 @@ LAUNCHES = [
     pytest.param("horovod", "mpirun", id="horovod-mpirun", marks=requires_horovod),
     pytest.param("horovod", "horovodrun", id="horovod-horovodrun", marks=requires_horovod),
     pytest.param("ddp-gloo", "torchrun", id="ddp-gloo-torchrun"),
+    pytest.param("fsdp", "torchrun", id="fsdp-torchrun"),
 ]
 #: How soon after the stop every other rank must be gone.
 GONE_WITHIN_S = 40
@@ -105,12 +106,19 @@ def check_phase(backend, launcher, phase, tmp_path):
 
 def _cases():
     """Every launch and phase; the default run keeps one case per mechanism that hung before: horovod's
-    watchdog (mpirun), horovod's shutdown barrier error raised (horovodrun), DDP's shutdown barrier."""
-    default = {("mpirun", "wrap_model"), ("horovodrun", "shutdown"), ("torchrun", "shutdown")}
+    watchdog (mpirun), and the end of the job on every backend and launcher: the shutdown barrier's
+    timeout raised, and then nothing else waiting on the stopped rank (hvd.shutdown() would)."""
+    default = {
+        ("horovod-mpirun", "wrap_model"),
+        ("horovod-mpirun", "shutdown"),
+        ("horovod-horovodrun", "shutdown"),
+        ("ddp-gloo-torchrun", "shutdown"),
+        ("fsdp-torchrun", "shutdown"),
+    }
     for launch in LAUNCHES:
         backend, launcher = launch.values
         for phase in PHASES:
-            soak = [] if (launcher, phase) in default else [pytest.mark.soak]
+            soak = [] if (launch.id, phase) in default else [pytest.mark.soak]
             yield pytest.param(backend, launcher, phase, id=f"{launch.id}-{phase}", marks=[*launch.marks, *soak])
 
 

@@ -110,6 +110,7 @@ class HorovodBackend(Backend):
         self._rendezvous = None
         self._env_vars = ScopedEnv()
         self._optimizers: list[torch.optim.Optimizer] = []
+        self._stuck = False  # a wait timed out: horovod's background thread may never come back
 
     # ---------------------------------------------------------------- availability
     @classmethod
@@ -172,10 +173,8 @@ class HorovodBackend(Backend):
 
     def _shutdown(self) -> None:
         hvd = self._hvd
-        if getattr(self, "_stuck", False):  # a timed-out wait: horovod.shutdown() would block too
-            hvd = None
         error: Optional[Exception] = None
-        if hvd is not None and self._owns_horovod and hvd.is_initialized():
+        if hvd is not None and self._owns_horovod and not self._stuck and hvd.is_initialized():
             mpi = hvd.mpi_enabled()
             if not self._leaving_on_error:  # leaving on an error: others may sit in another collective
                 what = "barrier in shutdown() (leaving paraflow.init)"
@@ -184,9 +183,13 @@ class HorovodBackend(Backend):
                         self._final_barrier()
                 except Exception as exc:  # noqa: BLE001 - raised once horovod is shut down
                     error = exc
-            hvd.shutdown()
-            if mpi and not self._uses_mpi4py:
-                note_mpi_shut_down()
+            # After a timed-out wait (that barrier's included) horovod's background thread is stuck
+            # in the library and hvd.shutdown() would wait for it forever: leave horovod alone, and
+            # let the error end the process (MPI_Abort under MPI, horovod's exit handler otherwise).
+            if not self._stuck:
+                hvd.shutdown()
+                if mpi and not self._uses_mpi4py:
+                    note_mpi_shut_down()
         self._owns_horovod = False
         if self._rendezvous is not None:
             self._rendezvous.close()
