@@ -15,6 +15,7 @@ carries the same facts (:func:`stall_facts`).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import socket
@@ -93,14 +94,22 @@ class StallWatch:
         self._thread = threading.Thread(target=self._run, name="paraflow stall watch", daemon=True)
 
     def start(self) -> None:
-        """Start the thread."""
+        """Start the thread; it is stopped at exit too, for a script that never shuts the backend down."""
         self._thread.start()
+        atexit.register(self.stop)
 
     def stop(self) -> None:
-        """Stop the thread (at most one store operation's wait)."""
+        """Stop the thread, waiting for the store operation it may be in (bounded by that operation's timeout).
+
+        The thread must not outlive this wait: a daemon thread still inside torch's store (C++, the
+        GIL released) when the interpreter exits is ended as it takes the GIL back, inside a C++
+        destructor, and the process aborts ("terminate called without an active exception") after
+        a run that did all its work.
+        """
         self._stop.set()
+        atexit.unregister(self.stop)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=1.0)
+            self._thread.join(timeout=STORE_OP_TIMEOUT_S + 5.0)
 
     # ---------------------------------------------------------------- the thread
     def _run(self) -> None:

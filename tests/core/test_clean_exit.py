@@ -1,0 +1,45 @@
+"""A job that did all its work exits 0, every time, on every backend and launcher.
+
+A thread of paraflow's still inside torch's C++ when the interpreter exits is ended as it takes
+the GIL back, inside a C++ destructor, and the process aborts ("terminate called without an
+active exception"): the launcher then reports the job failed after every result was printed.
+"""
+
+import pytest
+from conftest import WORKERS, launch, requires_horovod
+
+SCRIPT = WORKERS / "clean_exit.py"
+COLLECTIVES = 24  # tests/workers/clean_exit.py: six rounds of four
+ABORTED = ("terminate called", "SIGABRT", "Signal 6", "Aborted", "core dumped", "Fatal Python error")
+
+
+def assert_clean_exit(result, ranks: int = 2) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"exit {result.returncode}:\n{output[-4000:]}"
+    assert not [word for word in ABORTED if word in output], output[-4000:]
+    for rank in range(ranks):
+        assert f"rank {rank} made {COLLECTIVES} collectives" in result.stdout, result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_shutdown_waits_for_the_stall_watch_to_leave_the_store_before_the_process_exits():
+    """The stall watch sits in a store operation (torch's C++) past shutdown: shutdown waits for it."""
+    assert_clean_exit(launch("torchrun", 2, [SCRIPT, "ddp-gloo", "slow-store"], timeout=100))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "backend, launcher, runs",
+    [
+        ("ddp-gloo", "torchrun", 20),
+        ("fsdp", "torchrun", 5),
+        pytest.param("horovod", "mpirun", 5, marks=requires_horovod),
+    ],
+)
+def test_the_end_of_a_job_that_did_its_work_exits_0_every_time(backend, launcher, runs):
+    for run in range(runs):
+        result = launch(launcher, 2, [SCRIPT, backend], timeout=100)
+        try:
+            assert_clean_exit(result)
+        except AssertionError as failure:
+            raise AssertionError(f"run {run + 1} of {runs}: {failure}") from None
