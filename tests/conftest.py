@@ -91,6 +91,8 @@ LONG_CASES = {
     "tests/training/test_porting_gradients.py::test_clip_grad_value_matches_one_process_bit_for_bit[fsdp]",
     "tests/training/test_porting_gradients.py::test_no_sync_around_the_forward_only_accumulates_as_on_ddp"
     "[horovod-gloo]",
+    "tests/training/test_porting_gradients.py::test_torchs_own_clip_grad_norm_after_backward_matches_one_process"
+    "[horovod-gloo]",
     "tests/training/test_resume.py::test_checkpoint_resumes_under_the_other_backend[ddp-gloo-horovod]",
     "tests/training/test_resume.py::test_resumed_run_is_bitwise_equal_to_the_straight_run[horovod]",
     "tests/training/test_train_flags.py::test_uneven_shards_join_and_checkpoint_after_the_join[horovod]",

@@ -50,12 +50,13 @@ def autocast(precision: str, device: torch.device) -> ContextManager:
 
 
 class GradScaler(torch.amp.GradScaler):
-    """torch's GradScaler, also correct for optimizers that reduce gradients in ``step``.
+    """torch's GradScaler, also correct for optimizers that may reduce gradients in ``step``.
 
-    Horovod's DistributedOptimizer finishes its gradient allreduce inside ``step()``, after the
-    scaler would have looked for inf/NaN and unscaled. This scaler calls the optimizer's
-    ``synchronize()`` before unscaling and steps it under ``skip_synchronize()``, the order
-    Horovod documents. Other optimizers see plain torch behaviour.
+    Horovod's DistributedOptimizer finishes a gradient allreduce still pending inside ``step()``,
+    after the scaler would have looked for inf/NaN and unscaled (under paraflow the end of
+    ``backward()`` has finished it already). This scaler calls the optimizer's ``synchronize()``
+    before unscaling and steps it under ``skip_synchronize()``, the order Horovod documents.
+    Other optimizers see plain torch behaviour.
     """
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:

@@ -3,6 +3,8 @@
 - clipping through backend.clip_grad_norm_ / clip_grad_value_ gives the same parameters, bit for
   bit, on one process accumulating the global batch, ddp-gloo, horovod (MPI and gloo
   controllers) and fsdp, and the same total norm on every rank;
+- torch's own clip_grad_norm_ between backward and step, in float64, gives single's parameters
+  there too: backward leaves the averaged gradient on every backend, horovod's included;
 - no_sync around the forward only (the backward outside) reduces nothing on ddp-gloo, horovod
   and fsdp, and all three end with the same parameters;
 - a model whose blocks sit in an nn.ModuleList wraps under fsdp with no option, sharded per
@@ -35,7 +37,7 @@ RUNS = {
 }
 
 
-MODES = ("clip", "value", "no_sync", "plain")
+MODES = ("clip", "value", "no_sync", "plain", "torch_clip")
 
 
 def run(directory, kind):
@@ -87,6 +89,23 @@ def test_clip_grad_norm_between_backward_and_step_matches_one_process_bit_for_bi
     norms = single_report["norms"]
     assert all(n > MAX_NORM for n in norms), f"the guard: every step must clip, norms {norms}"
     assert [r["norms"] for r in reports] == [norms, norms], "the total norm differs between ranks or from single"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", _kinds("ddp-gloo", "horovod-mpi", "horovod-gloo", "fsdp"))
+def test_torchs_own_clip_grad_norm_after_backward_matches_one_process(reference, kind):
+    """The gradient is the averaged one when backward() returns, on every backend (horovod
+    included), so torch's own clipping, unchanged from a one-process script, trains single's model."""
+    single, (single_report,) = reference("single", "torch_clip")
+    trained, reports = reference(kind, "torch_clip")
+    assert trained.keys() == single.keys()
+    for key in single:
+        assert single[key].dtype == torch.float64
+        torch.testing.assert_close(trained[key], single[key], rtol=0, atol=1e-9, msg=key)
+    norms = single_report["norms"]
+    assert all(n > MAX_NORM for n in norms), f"the guard: every step must clip, norms {norms}"
+    for report in reports:
+        assert report["norms"] == pytest.approx(norms, rel=1e-9, abs=0), "a rank clipped by another norm than single"
 
 
 @pytest.mark.timeout(300)

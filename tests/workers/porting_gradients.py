@@ -4,6 +4,8 @@ Usage: <launcher> python tests/workers/porting_gradients.py BACKEND OUTDIR MODE[
 Each MODE trains a fresh model in the same job, one after the other:
     clip      backward, then backend.clip_grad_norm_(model, MAX_NORM), then optimizer.step()
     value     the same with backend.clip_grad_value_(model, MAX_VALUE)
+    torch_clip  in float64: torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM), torch's own
+              call on the gradients backward left, unchanged from a single-process script
     no_sync   two micro-batches per step; the first one's forward (only) under backend.no_sync
     plain     one backward per step, nothing else
 Every global batch is drawn from the step number; rank r of n takes rows [r*B/n, (r+1)*B/n).
@@ -61,13 +63,15 @@ def batch(step: int):
 def train(backend, name: str, out: str, mode: str) -> None:
     norms, sent = [], []
     torch.manual_seed(SEED)
-    model = backend.wrap_model(Net())
+    dtype = torch.float64 if mode == "torch_clip" else torch.float32
+    model = backend.wrap_model(Net().to(dtype))
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), model)
     messages = _count_gradient_messages(model, optimizer, name) if mode == "no_sync" else [0]
     n, r = backend.world_size, backend.rank
     share = GLOBAL_BATCH // SHARES
     for step in range(STEPS):
         x, y = batch(step)
+        x = x.to(dtype)
         optimizer.zero_grad()
         if n == 1:  # the whole global batch, one share at a time
             for k in range(SHARES):
@@ -88,6 +92,9 @@ def train(backend, name: str, out: str, mode: str) -> None:
             F.cross_entropy(model(x[rows]), y[rows]).backward()
         if mode == "clip":
             norms.append(backend.clip_grad_norm_(model, MAX_NORM).item())
+        elif mode == "torch_clip":
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+            norms.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item())
         elif mode == "value":
             backend.clip_grad_value_(model, MAX_VALUE)
         optimizer.step()

@@ -4,12 +4,17 @@ nothing while the wait ends in time), and ``no_sync`` for horovod.
 
 Horovod averages gradients in the optimizer: hooks on each gradient accumulator start an
 allreduce when a parameter's backward-pass count reaches ``backward_passes_per_step``, and
-``step()`` (``synchronize()``) waits for them.
+``step()`` (``synchronize()``) waits for them. Here the wait comes sooner, as on DDP: a backward
+pass that started allreduces waits for them as it ends (a callback queued on torch's autograd
+engine), so ``p.grad`` holds the average when ``backward()`` returns and code between backward
+and step (``torch.nn.utils.clip_grad_norm_``, gradient logging) sees what DDP would show. The
+allreduces still overlap the rest of the backward pass; micro-batches that start none (the first
+``backward_passes_per_step - 1``, or under ``no_sync``) wait for nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -56,7 +61,8 @@ def distributed_optimizer(
     if state["state"]:
         wrapped.load_state_dict(state)  # keep state loaded into the optimizer before wrapping
     _broadcast_optimizer_state(backend, hvd, wrapped, named)
-    _bound_gradient_sync(backend, wrapped)
+    wait = _bound_gradient_sync(backend, wrapped)
+    _wait_when_backward_ends(wrapped, wait)
     return wrapped
 
 
@@ -93,30 +99,62 @@ def _broadcast_optimizer_state(
                 group.update(options)
 
 
-def _bound_gradient_sync(backend: Any, optimizer: torch.optim.Optimizer) -> None:
-    """Bound ``optimizer.step``'s wait for the gradient allreduces by the timeout; errors become paraflow's."""
+def _bound_gradient_sync(backend: Any, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+    """Bound the wait for the gradient allreduces by the timeout, errors becoming paraflow's, in
+    ``optimizer.synchronize`` (and so ``step``); returns that wait unmarked, for the end of backward."""
     synchronize = optimizer.synchronize
-    what = "gradient allreduce in optimizer.step"
+    what = "gradient allreduce"
     # Made once: every step enters them, one step at a time.
     errors, bounded = backend.horovod_errors(what), backend.bounded(what)
 
-    def bounded_synchronize() -> None:
+    def wait() -> None:
+        """Wait for the allreduces the backward passes started (the stall report's phase unchanged)."""
+        optimizer._paraflow_wait_queued = False  # also after a backward pass that failed before its end
         if optimizer._synchronized and not optimizer._handles:
             return  # reduced already, and no backward pass since: a second allreduce would average again
+        with errors, bounded:
+            synchronize()
+        if getattr(optimizer, "_paraflow_stopped", False):  # a step inside no_sync: horovod reset the counts
+            _lift(optimizer)
+
+    def bounded_synchronize() -> None:
         activity = backend._activity  # what backend._marked("optimizer.step") does, inline
         if activity is not None:
             activity.enter("optimizer.step")
         try:
-            with errors, bounded:
-                synchronize()
+            wait()
         finally:
             if activity is not None:
                 activity.leave("optimizer.step")
-        if getattr(optimizer, "_paraflow_stopped", False):  # a step inside no_sync: horovod reset the counts
-            _lift(optimizer)
 
     optimizer.synchronize = bounded_synchronize
     _step_after_synchronize(type(optimizer))
+    return wait
+
+
+def _wait_when_backward_ends(optimizer: torch.optim.Optimizer, wait: Callable[[], None]) -> None:
+    """Run `wait` at the end of every backward pass in which one of horovod's hooks started an allreduce.
+
+    A hook of ours follows horovod's on each gradient accumulator: once horovod's has brought the
+    parameter's pass count to zero (its allreduce started, or its group's will), it queues `wait`
+    on the autograd engine, once per backward pass, to run when the pass ends.
+    """
+    queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+    delays = optimizer._allreduce_delay
+    optimizer._paraflow_wait_queued = False
+
+    def after_horovods_hook(p: torch.Tensor) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            if delays[p] <= 0 and not optimizer._paraflow_wait_queued:
+                optimizer._paraflow_wait_queued = True
+                queue_callback(wait)
+
+        return hook
+
+    trainable = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    # horovod registered its hooks in this order, keeping each accumulator in _grad_accs (none in one process)
+    for p, accumulator in zip(trainable, optimizer._grad_accs):
+        accumulator.register_hook(after_horovods_hook(p))
 
 
 def _step_after_synchronize(cls: type) -> None:
