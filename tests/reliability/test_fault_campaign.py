@@ -6,6 +6,7 @@ mpirun, horovod under mpirun and horovodrun, fsdp under torchrun. One rank (0 or
 *fault*: SIGKILL, SIGSTOP, an exception, ``sys.exit(3)``, ``os._exit(0)``, a collective with another
 shape than the other rank's, or a collective it leaves out; in one *phase*: start-up, the middle
 of a step, inside a checkpoint save, or after the last step; at a step (see the worker's doc).
+Or no fault at all (``none``): a clean run, which must exit 0.
 The injections are drawn with ``random.Random(seed)``: cell x fault x phase x faulty rank x step.
 
 ``make soak`` runs ``test_fault_campaign``: ``PARAFLOW_CAMPAIGN_COUNT`` injections (default 100)
@@ -15,7 +16,8 @@ drawn with ``PARAFLOW_CAMPAIGN_SEED`` (default 38); each is one test, its id the
 per cell. Each cell's fault-free run is made once per session: its checkpoints and final
 parameters are what the injections are compared with.
 
-Each injection is judged on every point, and fails with one line per point that does not hold:
+Each injection is judged on every point, and fails with one line per point that does not hold
+(a clean run, on (a') in place of (a) and (b), and on (c), (d) and (e)):
 
 (a) *ends*: the launcher exits non-zero within 60 s of the fault (the time the faulty rank
     printed right before it struck). The test kills the job 75 s after the fault at the latest.
@@ -35,6 +37,8 @@ Each injection is judged on every point, and fails with one line per point that 
       ``rank R: no record``).
 
     Naming other ranks as well does not fail the point.
+(a') *a clean run exits 0*: the launcher exits 0 within the run's bound, and no rank aborted (a
+    C++ ``terminate``, a fatal signal or Python's fatal error in its output) on the way out.
 (c) *no process left*: once the launcher has exited, no process of the job (found by a marker in
     its environment, tests/reliability/leftovers.py) is alive 5 s later. A rank stopped by SIGSTOP
     counts only when the launcher left it; the test kills every process it finds either way.
@@ -86,7 +90,7 @@ CELLS = (
     ("horovod", "horovodrun"),
     ("fsdp", "torchrun"),
 )
-FAULTS = ("sigkill", "sigstop", "raise", "exit3", "exit0", "shape", "skip")
+FAULTS = ("sigkill", "sigstop", "raise", "exit3", "exit0", "shape", "skip", "none")
 PHASES = ("start-up", "mid-step", "save", "after-last-step")
 SEED = int(os.environ.get("PARAFLOW_CAMPAIGN_SEED", "38"))
 COUNT = int(os.environ.get("PARAFLOW_CAMPAIGN_COUNT", "100"))
@@ -112,7 +116,7 @@ class Injection:
         """The save steps every rank had left behind when the fault struck."""
         if self.phase == "start-up":
             return []
-        if self.phase == "after-last-step":
+        if self.phase in ("after-last-step", "none"):
             return list(SAVE_STEPS)
         return [s for s in SAVE_STEPS if s < self.step]
 
@@ -126,6 +130,8 @@ def draw(seed: int, count: int) -> list[Injection]:
         fault, phase, rank = rng.choice(FAULTS), rng.choice(PHASES), rng.randrange(NPROC)
         mid, saving = rng.randint(1, STEPS), rng.choice(SAVE_STEPS)
         step = {"start-up": 0, "mid-step": mid, "save": saving, "after-last-step": STEPS}[phase]
+        if fault == "none":  # a clean run: the reference's own arguments
+            phase, rank, step = "none", -1, 0
         drawn.append(Injection(backend, launcher, fault, phase, rank, step))
     return drawn
 
@@ -324,13 +330,15 @@ def judge(injection: Injection, job: Job, ref: Reference) -> list[str]:
     """Every point of (a)-(e) that does not hold, one line each."""
     failed = []
     fault = job.fault
-    if job.killed_by_test:
+    if injection.fault == "none":
+        failed += judge_clean_run(job)
+    elif job.killed_by_test:
         failed.append(f"(a) the job was still running {KILL_AFTER_S} s after the fault; the test killed it")
     elif job.returncode == 0:
         failed.append("(a) the job exited 0 although a rank injected a fault")
     elif job.ended - fault["time"] > ENDS_WITHIN_S:
         failed.append(f"(a) the job ended {job.ended - fault['time']:.0f} s after the fault (bound {ENDS_WITHIN_S} s)")
-    if not naming_lines(job.output, injection.rank):
+    if injection.fault != "none" and not naming_lines(job.output, injection.rank):
         failed.append(f"(b) paraflow's output does not name rank {injection.rank}; its lines: {summary(job.output)}")
     if job.leftovers:
         failed.append(f"(c) processes of the job outlived the launcher: {job.leftovers}")
@@ -347,6 +355,23 @@ def judge(injection: Injection, job: Job, ref: Reference) -> list[str]:
                     f"(e) the job exited 0 with rank {rank}'s parameters other than the fault-free run's: "
                     f"{', '.join(differ[:6])}"
                 )
+    return failed
+
+
+#: What a rank that aborted on its way out leaves in the job's output.
+ABORTED = ("terminate called", "Fatal Python error", "SIGABRT", "SIGSEGV", "Signal 6", "core dumped")
+
+
+def judge_clean_run(job: Job) -> list[str]:
+    """(a'): a run with no fault ended by itself, exited 0, and no rank aborted on the way out."""
+    if job.killed_by_test:
+        return [f"(a') the clean run was still running {RUN_S} s after it started; the test killed it"]
+    failed = []
+    if job.returncode != 0:
+        failed.append(f"(a') the clean run exited {job.returncode}")
+    aborted = [word for word in ABORTED if word in job.output]
+    if aborted:
+        failed.append(f"(a') a rank of the clean run aborted on its way out: {', '.join(aborted)} in its output")
     return failed
 
 
@@ -390,14 +415,15 @@ def run_injection(injection: Injection, root: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
     inj = injection
     job = run_job(inj.backend, inj.launcher, directory, inj.fault, inj.phase, inj.rank, inj.step)
-    if job.fault is None:
+    if job.fault is None and inj.fault != "none":
         pytest.fail(f"the fault never struck (a fault of the harness):\n{job.output[-5000:]}")
     failed = judge(injection, job, ref)
     record = os.environ.get("PARAFLOW_CAMPAIGN_RECORD")
     if record:
         named = [" ".join(line.split())[:300] for line in naming_lines(job.output, injection.rank)]
         fields = {"injection": injection.id, **injection.__dict__, "returncode": job.returncode}
-        fields.update(ended_after_s=round(job.ended - job.fault["time"], 1), failed=failed, named_by=named)
+        ended_after = None if job.fault is None else round(job.ended - job.fault["time"], 1)
+        fields.update(ended_after_s=ended_after, failed=failed, named_by=named)
         with open(record, "a") as f:
             f.write(json.dumps(fields) + "\n")
     report = [f"injection {injection.id}:", *failed, "--- the job's output (end):", job.output[-6000:]]
@@ -416,13 +442,14 @@ def test_fault_campaign(injection, campaign_root):
     run_injection(injection, campaign_root)
 
 
-#: One injection per cell, chosen among those every check passes on: .ci/run's sample.
+#: One injection per cell, chosen among those every check passes on, and a clean run: .ci/run's sample.
 SAMPLE = (
     Injection("ddp-gloo", "torchrun", "skip", "after-last-step", 1, STEPS),
     Injection("ddp-gloo", "mpirun", "sigstop", "save", 1, 2),
     Injection("horovod", "mpirun", "exit3", "mid-step", 1, 3),
     Injection("horovod", "horovodrun", "exit3", "start-up", 0, 0),
     Injection("fsdp", "torchrun", "skip", "save", 0, 4),
+    Injection("ddp-gloo", "torchrun", "none", "none", -1, 0),
 )
 
 
@@ -534,3 +561,17 @@ def test_a_checkpoint_is_judged_old_or_new(tmp_path):
     assert "is not that save" in problem and "state.model.w" in problem, problem
     path.write_bytes(b"PK\x03\x04 truncated")
     assert "does not load" in judge_checkpoint(in_save_4, path, ref)[0]
+
+
+def test_a_clean_run_that_aborts_on_its_way_out_fails():
+    def job(returncode, output, killed=False):
+        return Job(returncode, output, None, 0.0, killed, {}, Path("."))
+
+    assert judge_clean_run(job(0, "rank 0 done\nrank 1 done")) == []
+    (aborted,) = judge_clean_run(job(0, "done\nterminate called without an active exception"))
+    assert "aborted on its way out: terminate called" in aborted
+    assert judge_clean_run(job(1, "Signal 6 (SIGABRT) received"))[0] == "(a') the clean run exited 1"
+    assert "the test killed it" in judge_clean_run(job(None, "", killed=True))[0]
+    clean = [i for i in draw(SEED, COUNT) if i.fault == "none"]
+    assert clean, "the campaign draws no clean run"
+    assert {(i.phase, i.rank, i.step) for i in clean} == {("none", -1, 0)}
