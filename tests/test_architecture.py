@@ -76,3 +76,39 @@ def test_distributed_data_parallel_is_imported_only_by_backends():
         )
 
     assert [str(p) for p in PACKAGE.rglob("*.py") if "backends" not in p.parts and imports_ddp(p)] == []
+
+
+def launcher_name_comparisons(root: Path) -> list[str]:
+    """Comparisons (==, !=, in) against a registered launcher's name or program, outside the launcher
+    package: each is a fact about a launcher that belongs on its Launcher object."""
+    from paraflow.environment.launchers import registered_launchers
+
+    names = {x.name for x in registered_launchers()} | {x.tool for x in registered_launchers() if x.tool}
+    names -= {"python"}  # also the name of other things ("python" in a checkpoint's RNG states)
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "launchers" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            constants = {
+                c.value
+                for side in sides
+                for c in ([side] if not isinstance(side, (ast.Tuple, ast.List, ast.Set)) else side.elts)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+            }
+            if constants & names:
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_no_code_outside_the_launcher_modules_compares_launcher_names():
+    assert launcher_name_comparisons(PACKAGE) == []
+
+
+def test_the_launcher_name_check_finds_a_comparison(tmp_path):
+    package = copy_of_the_package(tmp_path)
+    (package / "core" / "stray.py").write_text('def f(env):\n    return env.launcher == "torchrun"\n')
+    assert launcher_name_comparisons(package) == ["core/stray.py:2"]

@@ -86,7 +86,8 @@ class TorchDistributedBackend(Backend):
         env = self.env
         addr, port = resolve_master(env)
         # torchrun's agent already holds the store at MASTER_PORT
-        init_method = "env://" if env.launcher == "torchrun" else f"tcp://{addr}:{port}"
+        serves_store = env.launched_by.serves_store
+        init_method = "env://" if serves_store else f"tcp://{addr}:{port}"
         kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
         if debug_enabled():
             enable_torch_debug()
@@ -94,7 +95,7 @@ class TorchDistributedBackend(Backend):
         def start() -> None:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)  # the helper thread's own current device
-            agent_store = env.launcher == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            agent_store = serves_store and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             # torchrun's restarts reuse its agent's store
             store = store_for_this_attempt(addr, port, env.world_size, self.timeout) if agent_store else None
             where = {"store": store} if store is not None else {"init_method": init_method}

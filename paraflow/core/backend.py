@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..environment.launchers import ProcessEnvironment, detect_environment
-from ..environment.mpi_library import apply_mpi_yield
+from ..environment.launchers.openmpi import apply_mpi_yield
 from ..errors import BackendUnavailableError, NotInitializedError
 from ..reliability.activity import attach_markers, attach_step_marker
 from ..reliability.collective_check import debug_enabled
@@ -174,7 +174,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
             self._connected = False
             self._shutdown()
             raise
-        if self.env.is_mpi or (self.env.launcher == "horovodrun" and self.world_size > 1):
+        if (self.env.is_mpi or self.world_size > 1) and not self.env.launched_by.ends_job_on_a_failed_rank:
             abort_mpi_job_on_uncaught_error(self.rank, self.world_size, mpi_launcher=self.env.is_mpi)
         self._initialized = True
         set_current(self)

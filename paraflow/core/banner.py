@@ -32,12 +32,15 @@ def banner_line(backend: Any) -> str:
     over = f"controller {controller}, transport {backend.transport}" if controller else backend.transport
     n, threads = backend.world_size, torch.get_num_threads()
     launcher = launcher_label(backend.launcher)
+    plain = backend.env.launched_by.is_plain
     where = str(backend.device) if backend.device.type == "cuda" else f"cpu, {threads} thread{'s' * (threads > 1)} each"
     line = (
         f"paraflow: {backend.name}{f' over {over}' if over not in (None, 'none') else ''}, "
-        f"{n} process{'es' * (n > 1)}, {'launcher ' if backend.launcher != 'python' else ''}{launcher}, {where}"
+        f"{n} process{'es' * (n > 1)}, {'' if plain else 'launcher '}{launcher}, {where}"
     )
-    if backend.launcher == "python" and backend.MULTI_PROCESS:
+    if backend.env.note:
+        line += f" ({backend.env.note})"
+    if plain and backend.MULTI_PROCESS:
         line += (
             f". Plain python starts one process; for N: `torchrun --nproc_per_node N {_script()}` "
             f"or `mpirun -np N python {_script()}`"

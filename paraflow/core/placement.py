@@ -54,7 +54,7 @@ def check_launch(name: str, expected_world_size: Optional[int], multi_process: b
     """Refuse a launch that does not match the backend: the wrong process count, or a one-process
     backend started as several processes; the message gives the command that fits."""
     if expected_world_size is not None and expected_world_size != env.world_size:
-        if env.launcher == "python":
+        if env.launched_by.is_plain:
             raise LauncherError(
                 f"world_size={expected_world_size} was requested but no launcher started "
                 f"this process (plain python is one process). Launch it with `torchrun "

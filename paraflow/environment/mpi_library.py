@@ -32,8 +32,6 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from .launchers import ProcessEnvironment
-
 __all__ = [
     "WrapperMPI",
     "wrapper_mpi",
@@ -44,9 +42,6 @@ __all__ = [
     "first_line",
     "launcher_family",
     "command_output",
-    "MPI_YIELD",
-    "apply_mpi_yield",
-    "mpi_yield_decision",
 ]
 
 # Run in a child: the version text of the MPI mpi4py loads (MPI_Get_library_version needs no MPI_Init).
@@ -217,39 +212,3 @@ def _probe(python: str, code: str, *args: str) -> Optional[dict]:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
-
-
-# ---------------------------------------------------------------- Open MPI's yield_when_idle
-MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
-
-
-def _mpi_started() -> bool:
-    mpi = sys.modules.get("mpi4py.MPI")
-    return mpi is not None and mpi.Is_initialized()
-
-
-def mpi_yield_decision(env: ProcessEnvironment, threads: int, cores: int) -> Optional[str]:
-    """Why paraflow leaves the setting alone, or None when it should set it.
-
-    Args:
-        env: this process's place in the job.
-        threads: torch threads each local rank runs.
-        cores: CPU cores this process may use.
-    """
-    if env.launcher != "openmpi":
-        return "not started by Open MPI's mpirun"
-    if MPI_YIELD in os.environ:
-        return f"{MPI_YIELD}={os.environ[MPI_YIELD]} is set already"
-    if env.local_world_size * threads < cores:
-        return f"{env.local_world_size} ranks x {threads} threads leave cores free"
-    if _mpi_started():
-        return "MPI started before paraflow.init(), too late to change it"
-    return None
-
-
-def apply_mpi_yield(env: ProcessEnvironment, threads: int, cores: int) -> bool:
-    """Set ``OMPI_MCA_mpi_yield_when_idle=1`` when :func:`mpi_yield_decision` allows; True if set."""
-    if mpi_yield_decision(env, threads, cores) is not None:
-        return False
-    os.environ[MPI_YIELD] = "1"
-    return True

@@ -67,12 +67,12 @@ def resolve_master(env: ProcessEnvironment) -> tuple[str, int]:
     """
     if env.master_addr and env.master_port:
         return env.master_addr, env.master_port
-    if env.launcher == "torchrun":  # name what is missing, not torch's ValueError
+    if env.launched_by.sets_master:  # name what is missing, not torch's ValueError
         missing = [
             name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port)) if not value
         ]
         raise LauncherError(
-            f"RANK and WORLD_SIZE are set (torchrun's variables), but {' and '.join(missing)} "
+            f"RANK and WORLD_SIZE are set (torch's env:// variables), but {' and '.join(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not, so rank {env.rank} cannot find rank 0. Launch with "
             f"`torchrun --nproc_per_node {env.world_size} train.py`, which sets them, or set them yourself "
             f"(on one host: MASTER_ADDR=127.0.0.1 MASTER_PORT=29500)."

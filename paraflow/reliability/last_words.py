@@ -51,6 +51,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
+from ..environment.launchers import job_key
 from .activity import Activity, ranks_text
 
 __all__ = [
@@ -84,15 +85,6 @@ _ENDED_AT = 104
 _INNER_AT, _INNER_SIZE = 128, 128  # the code that made an inner collective: u8 length + UTF-8 bytes
 _TABLE_AT = 256  # strings: u16 length + UTF-8 bytes each, id = position in the table, from 1
 _LENGTH = struct.Struct("<H")
-#: The launchers' own names of one job, first found wins: ranks of one job on one host agree on it.
-_JOB_KEYS = (
-    ("PMIX_NAMESPACE",),  # Open MPI
-    ("SLURM_JOB_ID", "SLURM_STEP_ID"),
-    ("TORCHELASTIC_RUN_ID", "MASTER_PORT"),
-    ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"),
-    ("PMI_KVSNAME",),  # MPICH Hydra
-    ("MASTER_ADDR", "MASTER_PORT"),
-)
 _SIGNALS = {
     "Aborted": "SIGABRT",
     "Segmentation fault": "SIGSEGV",
@@ -113,11 +105,7 @@ def job_directory(environ: Optional[dict] = None) -> Path:
     chosen = environ.get(JOB_DIR_ENV)
     if chosen:
         return Path(chosen)
-    key = f"parent-{os.getppid()}"
-    for names in _JOB_KEYS:
-        if all(environ.get(n) for n in names):
-            key = "-".join(environ[n] for n in names)
-            break
+    key = job_key(environ) or f"parent-{os.getppid()}"  # the launcher's own name of this job
     key = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:100]
     return _base() / f"job-{key}"
 

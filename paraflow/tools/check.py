@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from ..backends.horovod.info import build_report as horovod_build_report
 from ..core.placement import cores
-from ..environment.launchers import MPI_LAUNCHERS
+from ..environment.launchers import get_launcher
 from ..environment.mpi_library import command_output, first_line, launcher_family, mpi4py_library, mpi_family
 from .launch import find_tool
 
@@ -166,7 +166,7 @@ def _process() -> dict[str, Any]:
         "master_addr": env.master_addr,
         "master_port": env.master_port,
         # the horovod controller paraflow starts under this launcher (with controller="auto")
-        "horovod_controller": "mpi" if env.launcher in MPI_LAUNCHERS else "gloo",
+        "horovod_controller": "mpi" if env.is_mpi else "gloo",
         "error": None,
     }
 
@@ -270,7 +270,8 @@ def render(report: dict[str, Any]) -> str:
         )
         if proc["master_addr"]:
             lines.append(f"  rank 0 at  {proc['master_addr']}:{proc['master_port'] or '?'}")
-        own = proc["launcher"] not in (*MPI_LAUNCHERS, "horovodrun")
+        launcher = get_launcher(proc["launcher"])
+        own = not (launcher.mpi or launcher.runs_horovod_rendezvous)
         lines.append(
             f"  horovod    would use its {proc['horovod_controller'].replace('mpi', 'MPI')} controller "
             "here" + (" (rank 0 starts horovod's rendezvous server)" if own else "")

@@ -28,14 +28,14 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
-from ..environment.launchers import free_port, launcher_tools
-from ..environment.mpi_library import find_tool, launcher_family
-from ..errors import ConfigurationError, MissingDependencyError
+from ..environment.launchers import HostCommand, launcher_for_tool, launcher_tools
+from ..environment.launchers.openmpi import OOB_KEEPALIVE, mpirun_prefix
+from ..environment.mpi_library import find_tool
+from ..errors import ConfigurationError
 
 __all__ = [
     "find_tool",
@@ -55,52 +55,6 @@ __all__ = [
 
 #: How often a running launch looks for stopped processes its launcher has asked to end (seconds).
 WATCH_INTERVAL_S = 0.5
-HOROVODRUN_HINT = "install horovod: `make install` or scripts/build_horovod.sh"
-SRUN_HINT = "srun comes with SLURM: run inside an allocation (`salloc -n N`) on a SLURM cluster"
-
-
-def _tool(name: str, install_hint: str, must_exist: bool = True) -> str:
-    """:func:`find_tool`, or MissingDependencyError saying how to install it.
-
-    With `must_exist=False` a program missing here is named bare (for a command to print).
-    """
-    found = find_tool(name)
-    if not found:
-        if not must_exist:
-            return name
-        raise MissingDependencyError(f"`{name}` was not found on PATH; {install_hint}")
-    return found
-
-
-def mpirun_prefix(
-    nproc: int, env_keys: Sequence[str] = (), hosts: Optional[str] = None, must_exist: bool = True
-) -> list[str]:
-    """`mpirun -np N` with the flags a run needs (root, no binding; one host: more ranks than cores).
-
-    `hosts` ("h1:2,h2:2") places the ranks on those hosts' slots instead of oversubscribing this one.
-    MPICH's mpirun (Hydra, from the `mpich` wheel or a module) binds nothing, allows root and more
-    ranks than cores by itself, and passes the whole environment on: it gets `-np N` and the hosts.
-    """
-    tool = _tool(
-        "mpirun",
-        "install an MPI: `apt-get install openmpi-bin libopenmpi-dev` as root, or `pip install mpich`",
-        must_exist,
-    )
-    if os.path.isabs(tool) and launcher_family(tool) == "mpich":
-        return [tool, "-np", str(nproc), *(["-hosts", hosts] if hosts else [])]
-    cmd = [
-        tool,
-        "-np",
-        str(nproc),
-        "--bind-to",
-        "none",
-        *(["-H", hosts] if hosts else ["--oversubscribe"]),
-    ]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    for key in env_keys:
-        cmd += ["-x", key]
-    return cmd
 
 
 def launch_command(
@@ -116,7 +70,8 @@ def launch_command(
     """The command that starts `script` (a Python file and its arguments) as `nproc` processes.
 
     Args:
-        launcher: python, torchrun, mpirun, horovodrun or srun.
+        launcher: the program: python, torchrun, mpirun, horovodrun or srun (each launcher's
+            module builds its own command: paraflow.environment.launchers).
         nproc: number of processes (python takes 1 only).
         script: the Python file followed by its arguments.
         port: rendezvous port for torchrun (default: a free one; 29500 with `hosts`).
@@ -126,44 +81,16 @@ def launch_command(
         node_rank: which host's torchrun command to build.
         must_exist: False names a launcher missing here by its bare name (a command to print).
     """
-    python = sys.executable
-    if launcher == "python":
-        if nproc != 1 or (hosts and len(hosts) > 1):
-            raise ConfigurationError("the python launcher starts exactly one process, on this host.")
-        return [python, *script]
-    if launcher == "torchrun":
-        run = [python, "-m", "torch.distributed.run"]
-        if not hosts:
-            where = ["--nnodes", "1", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1"]
-            return [*run, *where, "--master_port", str(port or free_port()), *script]
-        endpoint = f"{hosts[0][0]}:{port or 29500}"
-        where = [
-            "--nnodes",
-            str(len(hosts)),
-            "--node_rank",
-            str(node_rank),
-            "--nproc_per_node",
-            str(hosts[node_rank][1]),
-        ]
-        return [*run, *where, "--rdzv_backend", "static", "--rdzv_endpoint", endpoint, *script]
-    host_list = ",".join(f"{h}:{n}" for h, n in hosts) if hosts else None
-    if launcher == "mpirun":
-        return [*mpirun_prefix(nproc, env_keys, host_list, must_exist), python, *script]
-    if launcher == "horovodrun":
-        tool = _tool("horovodrun", HOROVODRUN_HINT, must_exist)
-        return [tool, "-np", str(nproc), "-H", host_list or f"localhost:{nproc}", "--gloo", python, *script]
-    if launcher == "srun":  # a rank that fails ends the step, as the other launchers do
-        where = []
-        if hosts:
-            if len({n for _, n in hosts}) != 1:
-                raise ConfigurationError(
-                    "srun starts the same number of tasks on every node: give every host the same count "
-                    "(--hosts h1:2,h2:2)."
-                )
-            where = ["--nodelist", ",".join(h for h, _ in hosts), "--ntasks-per-node", str(hosts[0][1])]
-        tool = _tool("srun", SRUN_HINT, must_exist)
-        return [tool, "-n", str(nproc), *where, "--kill-on-bad-exit=1", python, *script]
-    raise ConfigurationError(f"unknown launcher {launcher!r}; choose one of {', '.join(launcher_tools())}.")
+    return launcher_for_tool(launcher).launch_command(
+        sys.executable,
+        nproc,
+        list(script),
+        port=port,
+        env_keys=env_keys,
+        hosts=hosts,
+        node_rank=node_rank,
+        must_exist=must_exist,
+    )
 
 
 @dataclass
@@ -357,18 +284,6 @@ def kill_group(pgid: int) -> None:
 
 
 MULTIHOST_LAUNCHERS = launcher_tools(multihost=True)
-#: Open MPI's daemons probe their idle connections after 10 s, every 5 s, 3 times (defaults 300 s,
-#: 20 s, 9): a daemon on a host cut off from mpirun then notices within 25 s, not 8 minutes.
-OOB_KEEPALIVE = {"oob_tcp_keepalive_time": 10, "oob_tcp_keepalive_intvl": 5, "oob_tcp_keepalive_probes": 3}
-
-
-@dataclass(frozen=True)
-class HostCommand:
-    """What to run on one host: the command and the variables to set there first."""
-
-    host: str
-    argv: list
-    env: dict = field(default_factory=dict)
 
 
 def host_commands(
@@ -405,28 +320,14 @@ def host_commands(
         raise ConfigurationError(
             f"need at least one host and one process per host (got {list(hosts)}, {nproc_per_host})."
         )
-    python, script = sys.executable, [str(s) for s in script]
-    env = {"GLOO_SOCKET_IFNAME": ifname} if ifname else {}
-    placement = [(host, nproc_per_host) for host in hosts]
-    total = len(hosts) * nproc_per_host
-    if launcher == "torchrun":
-        # c10d, the rendezvous torch documents for several nodes: no --node_rank to hand out.
-        argv = [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts))]
-        argv += ["--nproc_per_node", str(nproc_per_host), "--rdzv-backend", "c10d"]
-        argv += ["--rdzv-endpoint", f"{hosts[0]}:{port}", "--rdzv-id", job_id or uuid.uuid4().hex[:12]]
-        return [HostCommand(host, [*argv, *script], dict(env)) for host in hosts]
-    base = launch_command(launcher, total, script, env_keys=[*env, *env_keys], hosts=placement)
-    extra: list[str] = []  # goes before the Python command
-    if launcher == "mpirun":
-        if rsh_agent:
-            extra += ["--mca", "plm_rsh_agent", rsh_agent]
-        if ifname:
-            extra += ["--mca", "btl_tcp_if_include", ifname, "--mca", "oob_tcp_if_include", ifname]
-        for key, value in OOB_KEEPALIVE.items():
-            extra += ["--mca", key, str(value)]
-    else:
-        extra += ["--disable-cache"] + (["--network-interface", ifname] if ifname else [])
-        if rsh_agent:
-            env["PATH"] = os.path.dirname(rsh_agent) + os.pathsep + os.environ.get("PATH", "")
-    at = base.index(python)
-    return [HostCommand(hosts[0], [*base[:at], *extra, *base[at:]], env)]
+    return launcher_for_tool(launcher).host_commands(
+        sys.executable,
+        list(hosts),
+        nproc_per_host,
+        [str(s) for s in script],
+        port=port,
+        ifname=ifname,
+        env_keys=env_keys,
+        rsh_agent=rsh_agent,
+        job_id=job_id,
+    )

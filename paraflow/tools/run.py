@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..core.placement import cores
-from ..environment.launchers import launcher_tools, launcher_variables
-from ..environment.mpi_library import MPI_YIELD
+from ..environment.launchers import launcher_for_tool, launcher_tools, launcher_variables, registered_launchers
+from ..environment.launchers.openmpi import MPI_YIELD
 from ..errors import ConfigurationError, ParaflowError
 from ..reliability.last_words import JOB_DIR_ENV, job_ended, new_job_directory
 from .flags import renamed
@@ -84,10 +84,11 @@ def choose_launcher(backend: str, requested: str, env: Mapping[str, str] = os.en
     if requested != "auto":  # launch_command names the launchers when it knows none of that name
         return requested
     preferred = tuple(_backend_class(backend).LAUNCHERS)
-    if preferred != ("python",) and env.get("SLURM_JOB_ID") and find_tool("srun"):
-        return "srun"
+    allocation = next((x.tool for x in registered_launchers() if x.tool and x.inside_an_allocation(env)), None)
+    if allocation and not launcher_for_tool(preferred[0]).is_plain and find_tool(allocation):
+        return allocation
     for name in preferred:
-        if name in ("python", "torchrun") or find_tool(name):
+        if launcher_for_tool(name).comes_with_torch or find_tool(name):
             return name
     return preferred[0]  # building its command names what to install
 
@@ -99,7 +100,7 @@ def job_environment(launcher: str, nproc_here: int, env: Mapping[str, str] = os.
         for k in launcher_variables(env)
         if not k.startswith("SLURM_") or k in _SLURM_TASK  # a parent job's rank is not this job's
     }
-    if launcher == "mpirun" and MPI_YIELD not in env and nproc_here >= cores():
+    if launcher_for_tool(launcher).mpi and MPI_YIELD not in env and nproc_here >= cores():
         # Ranks fill every core (horovod adds a thread each): Open MPI's busy polling would starve
         # the other threads, and it yields by itself only when it knows it is oversubscribed.
         changes[MPI_YIELD] = "1"
@@ -146,7 +147,7 @@ def plan_run(
         )
     chosen = choose_launcher(name, launcher, env)
     args = list(script)
-    if host_list and chosen == "torchrun":  # one agent per host: a command for each
+    if host_list and launcher_for_tool(chosen).agent_per_host:  # one agent per host: a command for each
         commands = [
             (host, launch_command(chosen, nproc, args, port, hosts=host_list, node_rank=i, must_exist=must_exist))
             for i, (host, _) in enumerate(host_list)

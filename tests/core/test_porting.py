@@ -9,7 +9,7 @@ from paraflow.core import options
 from paraflow.core.banner import banner_line
 from paraflow.core.registry import _REGISTRY
 from paraflow.environment.launchers import ProcessEnvironment
-from paraflow.environment.mpi_library import MPI_YIELD, apply_mpi_yield, mpi_yield_decision
+from paraflow.environment.launchers.openmpi import MPI_YIELD, apply_mpi_yield, mpi_yield_decision
 
 
 @pytest.fixture(autouse=True)

@@ -115,10 +115,15 @@ def test_ranks_without_a_record_here_are_named():
 
 def test_the_job_directory_is_the_launchers_job_or_the_one_chosen():
     assert job_directory({JOB_DIR_ENV: "/x/y"}).as_posix() == "/x/y"
-    assert job_directory({"PMIX_NAMESPACE": "123", "MASTER_PORT": "9"}).name == "job-123"
+    openmpi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    assert job_directory({**openmpi, "PMIX_NAMESPACE": "123", "MASTER_PORT": "9"}).name == "job-123"
     assert job_directory({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}).name == "job-10.0.0.1-29500"
-    torchrun = job_directory({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "h", "MASTER_PORT": "7"})
+    ranks = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    torchrun = job_directory({**ranks, "TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "h", "MASTER_PORT": "7"})
     assert torchrun.name == "job-none-7"
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "55", "SLURM_STEP_ID": "3"}
+    assert job_directory(slurm).name == "job-55-3"
+    assert job_directory({"PMIX_NAMESPACE": "123"}).name.startswith("job-parent-")  # no launcher's rank: no job
 
 
 @pytest.mark.timeout(120)

@@ -29,7 +29,7 @@ import socket
 from collections.abc import Mapping
 from typing import Optional
 
-from ...environment.launchers import MPI_LAUNCHERS, ProcessEnvironment
+from ...environment.launchers import ProcessEnvironment
 from ...environment.rendezvous import gloo_ifname, host_address, resolve_master
 from ...errors import BackendUnavailableError, ConfigurationError, LauncherError
 from ...reliability.deadlines import call_with_deadline
@@ -90,7 +90,8 @@ def launch_commands(world_size: int) -> str:
 
 def choose_controller(hvd, env: ProcessEnvironment, want: str) -> str:
     """ "mpi" or "gloo": what `want` ("auto", "mpi", "gloo") comes to under this launcher and build."""
-    if env.launcher == "horovodrun":
+    launcher = env.launched_by
+    if launcher.runs_horovod_rendezvous:
         if want == "mpi":
             raise LauncherError(
                 "controller='mpi' was asked for, but horovodrun --gloo started this process; "
@@ -98,7 +99,7 @@ def choose_controller(hvd, env: ProcessEnvironment, want: str) -> str:
                 "train.py --backend horovod`."
             )
         return "gloo"
-    if env.launcher in MPI_LAUNCHERS or (env.launcher == "slurm" and want == "mpi"):
+    if launcher.mpi or (launcher.mpi_when_asked and want == "mpi"):
         if want == "auto":
             want = "mpi" if hvd.mpi_built() else "gloo"
     elif want == "mpi":
@@ -213,10 +214,10 @@ def start_gloo(hvd, env: ProcessEnvironment, timeout: float):
         )
     rendezvous = None
     try:
-        if env.launcher != "horovodrun":
+        if not env.launched_by.runs_horovod_rendezvous:
             addr, port = resolve_master(env)
             # torchrun's agent serves a store there; without it (rare) rank 0 serves one.
-            serve = env.launcher != "torchrun" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+            serve = not env.launched_by.serves_store or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
             rendezvous = GlooRendezvous(env, addr, port, serve_store=serve, timeout=timeout)
             with startup_errors(
                 rank=env.rank,
@@ -334,7 +335,9 @@ class GlooRendezvous:
         else:
             store.wait(["server"])
         addr, _, port = store.get("server").decode().rpartition(":")
-        slot = next(s for s in plan if s.hostname == hostname and s.local_rank == env.local_rank)
+        # A launcher that gives no local rank (torch's env://): this rank's place among those on its host.
+        local_rank = env.local_rank if env.local_known else hosts[: env.rank].count(hostname)
+        slot = next(s for s in plan if s.hostname == hostname and s.local_rank == local_rank)
         self.variables = {
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
             "HOROVOD_GLOO_RENDEZVOUS_PORT": port,

@@ -40,7 +40,8 @@ from typing import Callable, Optional
 import torch
 
 from ...core.registry import spec as registered
-from ...environment.launchers import launcher_variables
+from ...environment.launchers import launcher_for_tool, launcher_variables
+from ...environment.launchers.openmpi import MPI_YIELD
 from ...tools.launch import launch_command, run_launch
 from ..report.launches import TRACE_TAG
 from ..report.tables import training_rows
@@ -68,7 +69,6 @@ __all__ = [
 
 WORKER_MODULE = "paraflow.bench.rank.worker"
 _TAIL = 4000
-MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 OMP_WAIT = "OMP_WAIT_POLICY"
 
 
@@ -215,7 +215,7 @@ def cell_env(cell: Cell, timeout: float, omp_wait: str = "passive") -> dict:
         # made a lone 2-thread step faster, but fought the launchers' own processes for the cores:
         # two runs disagreed far more, and on a busy machine they were 2-5 times slower, erratic.
         env[OMP_WAIT] = omp_wait.upper()
-    if cell.launcher == "mpirun" and MPI_YIELD not in os.environ:
+    if launcher_for_tool(cell.launcher).mpi and MPI_YIELD not in os.environ:
         # The cell fills every core, and each horovod rank adds a background thread: Open MPI's
         # default busy-polling would starve the other threads (it yields by itself only when it
         # knows there are more ranks than slots).
