@@ -33,7 +33,7 @@ _CAUSES = (
     ),
     (
         "MPI",
-        ("Could NOT find MPI", "mpi.h: No such file", "MPI_C_COMPILER", "mpicc: not found"),
+        ("Could NOT find MPI", "mpi.h: No such file", "mpicc: not found"),
         "install an MPI with its compiler wrappers: `pip install mpich` into this environment (no root), or "
         f"`apt-get install openmpi-bin libopenmpi-dev` (or `module load openmpi`); {_AGAIN}",
     ),

@@ -15,13 +15,15 @@ import shutil
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
+from ...errors import ConfigurationError
+
 __all__ = ["GpuChoice", "cuda_toolkit", "gpu_choice", "cmake_include"]
 
 #: What a CUDA toolkit needs for horovod's CUDA kernels: its compiler, the runtime's header and library.
 _PARTS = {
     "bin/nvcc": ("bin/nvcc",),
     "include/cuda_runtime.h": ("include/cuda_runtime.h",),
-    "the CUDA runtime library (libcudart)": ("lib64/libcudart.so*", "lib/libcudart.so*", "targets/*/lib/libcudart.so*"),
+    "CUDA runtime library (libcudart)": ("lib64/libcudart.so*", "lib/libcudart.so*", "targets/*/lib/libcudart.so*"),
 }
 
 # Keeps CMake from trying CUDA: no CUDA compiler, no CUDAToolkit search, and torch taken as a CPU
@@ -60,17 +62,19 @@ class GpuChoice:
 
 
 def cuda_toolkit(
-    environ: Mapping[str, str] = os.environ, which: Callable[[str], Optional[str]] = shutil.which
+    environ: Mapping[str, str] = os.environ,
+    which: Callable[[str], Optional[str]] = shutil.which,
+    default_root: str = "/usr/local/cuda",
 ) -> tuple[Optional[str], str]:
     """``(root, "")`` for the first complete CUDA toolkit, else ``(None, what is missing where)``.
 
-    Looked for in HOROVOD_CUDA_HOME, CUDA_HOME, CUDA_PATH, above the ``nvcc`` on PATH, /usr/local/cuda.
+    Looked for in HOROVOD_CUDA_HOME, CUDA_HOME, CUDA_PATH, above the ``nvcc`` on PATH, `default_root`.
     """
     roots = [environ.get(name) for name in ("HOROVOD_CUDA_HOME", "CUDA_HOME", "CUDA_PATH")]
     nvcc = which("nvcc")
     if nvcc:
         roots.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
-    roots.append("/usr/local/cuda")
+    roots.append(default_root)
     gaps = []
     for root in dict.fromkeys(r for r in roots if r and os.path.isdir(r)):
         missing = [part for part, found in _PARTS.items() if not any(glob.glob(os.path.join(root, p)) for p in found)]
@@ -89,7 +93,10 @@ def gpu_choice(
     """Whether horovod is built with GPU operations for a torch whose CUDA version is `torch_cuda`."""
     asked = environ.get("PARAFLOW_HOROVOD_GPU", "auto").strip().lower() or "auto"
     if asked not in ("auto", "0", "1"):
-        raise ValueError(f"PARAFLOW_HOROVOD_GPU={asked}: choose auto, 0 (never) or 1 (without a visible GPU too)")
+        raise ConfigurationError(
+            f"PARAFLOW_HOROVOD_GPU={asked}: choose auto (the default), 0 (no GPU operations) or 1 (GPU operations "
+            "without a visible GPU too), e.g. `PARAFLOW_HOROVOD_GPU=0 paraflow build-horovod --force`"
+        )
     if asked == "0":
         return GpuChoice(False, "PARAFLOW_HOROVOD_GPU=0")
     if not torch_cuda:
