@@ -106,7 +106,7 @@ def cache_key(python: str = sys.executable, version: str = HOROVOD_VERSION, gpu:
     """``horovod-<version>-torch<torch>-<cpXY>-<MPI>[-<GPU operations>]`` for `python`'s torch, Python, MPI.
 
     The torch part is its whole version (``2.13.0+cpu``, ``2.13.0+cu130``): horovod is built for one of
-    them. A build with GPU operations ends in them (``-nccl``). The MPI part
+    them. A build with GPU operations ends in them (``-nccl``; ``-cuda`` with horovod's defaults). The MPI part
     (``openmpi4.1.4-system-<hash>``, ``mpich5.0.2-pypi-<hash>``; ``nompi`` without an ``mpicc``) names
     the MPI family, version, where it comes from and a hash of its ``mpicc``'s path:
     horovod links that MPI's library, and under another MPI's launcher it would run as a world of one.
@@ -114,7 +114,7 @@ def cache_key(python: str = sys.executable, version: str = HOROVOD_VERSION, gpu:
     facts = _python_facts(python)
     gpu = gpu or gpu_choice(facts["cuda"], facts["gpu"])
     mpi = wrapper_mpi(python)
-    suffix = f"-{gpu.operations.lower()}" if gpu.enabled else ""
+    suffix = f"-{gpu.operations.lower() or 'cuda'}" if gpu.enabled else ""
     return f"horovod-{version}-torch{facts['torch']}-{facts['tag']}-{mpi.key if mpi else 'nompi'}{suffix}"
 
 
@@ -255,7 +255,7 @@ def build_and_install(python: str = sys.executable, force: bool = False, version
     gpu = build_gpu(python)
     directory = wheel_cache() / cache_key(python, version, gpu)
     print(
-        f"horovod with GPU operations ({gpu.operations}): {gpu.reason}"
+        f"horovod with GPU operations ({gpu.operations or 'CUDA'}): {gpu.reason}"
         if gpu.enabled
         else f"horovod without GPU operations (CPU tensors, MPI and gloo): {gpu.reason}",
         flush=True,

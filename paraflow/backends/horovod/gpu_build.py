@@ -2,9 +2,10 @@
 
 Horovod's CMake tries CUDA whenever it finds an ``nvcc`` (``check_language(CUDA)``) or torch is a CUDA
 build, and stops when the toolkit is partial (``Could NOT find CUDAToolkit``). Here the decision is
-made first: GPU operations (NCCL unless ``HOROVOD_GPU_OPERATIONS`` names another) only with a CUDA
-build of torch, a complete CUDA toolkit, and a GPU that torch sees (``PARAFLOW_HOROVOD_GPU=1`` builds
-them without one, on a login node; ``=0`` never). Otherwise CMake is kept from looking for CUDA at all.
+made first: GPU operations only with a CUDA build of torch, a complete CUDA toolkit, and a GPU that
+torch sees (``PARAFLOW_HOROVOD_GPU=1`` builds them without one, on a login node; ``=0`` never); NCCL
+where it is found, unless ``HOROVOD_GPU_OPERATIONS`` names another. Otherwise CMake is kept from
+looking for CUDA at all.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable, Mapping, Optional
 
 from ...errors import ConfigurationError
 
-__all__ = ["GpuChoice", "cuda_toolkit", "gpu_choice", "cmake_include"]
+__all__ = ["GpuChoice", "cuda_toolkit", "nccl_found", "gpu_choice", "cmake_include"]
 
 #: What a CUDA toolkit needs for horovod's CUDA kernels: its compiler, the runtime's header and library.
 _PARTS = {
@@ -46,7 +47,7 @@ endif()
 
 @dataclass(frozen=True)
 class GpuChoice:
-    """Whether horovod gets GPU operations, why, and the toolkit and operations it is built with."""
+    """Whether horovod gets GPU operations, why, the toolkit, and the operations (NCCL, MPI; "": horovod's default)."""
 
     enabled: bool
     reason: str
@@ -84,11 +85,21 @@ def cuda_toolkit(
     return None, "; ".join(gaps) or "no nvcc and no CUDA directory"
 
 
+def nccl_found(root: str, environ: Mapping[str, str] = os.environ) -> bool:
+    """True when horovod's CMake finds NCCL: its header and library in HOROVOD_NCCL_* or the toolkit at `root`."""
+    homes = [h for h in (environ.get("HOROVOD_NCCL_HOME"), root) if h]
+    includes = [environ.get("HOROVOD_NCCL_INCLUDE"), *(os.path.join(h, "include") for h in homes)]
+    libraries = [environ.get("HOROVOD_NCCL_LIB"), *(os.path.join(h, sub) for h in homes for sub in ("lib", "lib64"))]
+    header = any(os.path.exists(os.path.join(d, "nccl.h")) for d in includes if d)
+    return header and any(glob.glob(os.path.join(d, "libnccl*")) for d in libraries if d)
+
+
 def gpu_choice(
     torch_cuda: Optional[str],
     gpu_visible: bool,
     environ: Mapping[str, str] = os.environ,
     toolkit: Callable[[], tuple[Optional[str], str]] = cuda_toolkit,
+    nccl: Callable[[str, Mapping[str, str]], bool] = nccl_found,
 ) -> GpuChoice:
     """Whether horovod is built with GPU operations for a torch whose CUDA version is `torch_cuda`."""
     asked = environ.get("PARAFLOW_HOROVOD_GPU", "auto").strip().lower() or "auto"
@@ -109,8 +120,11 @@ def gpu_choice(
     root, gap = toolkit()
     if root is None:
         return GpuChoice(False, f"no complete CUDA toolkit for torch's CUDA {torch_cuda}: {gap}")
-    operations = environ.get("HOROVOD_GPU_OPERATIONS") or "NCCL"
-    return GpuChoice(True, f"torch's CUDA {torch_cuda} build and the toolkit at {root}", root, operations)
+    reason = f"torch's CUDA {torch_cuda} build and the toolkit at {root}"
+    operations = environ.get("HOROVOD_GPU_OPERATIONS") or ("NCCL" if nccl(root, environ) else "")
+    if not operations:
+        reason += "; no NCCL found (HOROVOD_NCCL_HOME names it), so horovod's defaults for GPU tensors"
+    return GpuChoice(True, reason, root, operations)
 
 
 def cmake_include(choice: GpuChoice) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from paraflow.backends.horovod import build
 from paraflow.backends.horovod.build_failure import HorovodBuildError, diagnose
-from paraflow.backends.horovod.gpu_build import GpuChoice, cuda_toolkit, gpu_choice
+from paraflow.backends.horovod.gpu_build import GpuChoice, cuda_toolkit, gpu_choice, nccl_found
 from paraflow.environment.mpi_library import find_tool
 
 NO_ENV: dict = {}
@@ -70,7 +70,7 @@ def test_a_cuda_directory_without_the_runtime_library_is_no_toolkit(partial_cuda
 def test_gpu_operations_need_a_cuda_torch_a_gpu_and_a_complete_toolkit(
     torch_cuda, gpu_visible, toolkit, enabled, reason
 ):
-    choice = gpu_choice(torch_cuda, gpu_visible, NO_ENV, lambda: toolkit)
+    choice = gpu_choice(torch_cuda, gpu_visible, NO_ENV, lambda: toolkit, lambda root, env: True)
     assert choice.enabled is enabled and reason in choice.reason
     if enabled:
         assert choice.build_env() == {
@@ -80,6 +80,17 @@ def test_gpu_operations_need_a_cuda_torch_a_gpu_and_a_complete_toolkit(
         }
     else:
         assert choice.build_env() == {"HOROVOD_GPU_OPERATIONS": ""}
+
+
+def test_nccl_is_taken_where_it_is_found(tmp_path):
+    toolkit = lambda: (str(tmp_path), "")  # noqa: E731
+    assert gpu_choice("13.0", True, NO_ENV, toolkit).operations == ""
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "nccl.h").write_text("")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libnccl.so.2").write_text("")
+    assert gpu_choice("13.0", True, NO_ENV, toolkit).operations == "NCCL"
+    assert nccl_found("/nowhere", {"HOROVOD_NCCL_HOME": str(tmp_path)})
 
 
 def test_paraflow_horovod_gpu_forces_either_way():
@@ -98,7 +109,7 @@ def test_this_torch_here_gets_a_build_without_gpu_operations(partial_cuda):
 
     assert choice.enabled is (bool(torch.version.cuda) and torch.cuda.is_available() and choice.toolkit is not None)
     key = build.cache_key(sys.executable, gpu=choice)
-    assert f"-torch{torch.__version__}-" in key and key.endswith("-nccl") is choice.enabled
+    assert f"-torch{torch.__version__}-" in key and key.endswith(("-nccl", "-cuda", "-mpi")) is choice.enabled
 
 
 @pytest.mark.skipif(find_tool("cmake") is None, reason="needs cmake")

@@ -330,7 +330,7 @@ def test_build_cache_key_names_horovod_torch_python_and_the_mpi():
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     mpi = wrapper_mpi(sys.executable)
     gpu = build_gpu(sys.executable)
-    suffix = f"-{gpu.operations.lower()}" if gpu.enabled else ""
+    suffix = f"-{gpu.operations.lower() or 'cuda'}" if gpu.enabled else ""
     expected = f"horovod-0.28.1-torch{torch.__version__}-{tag}-{mpi.key if mpi else 'nompi'}{suffix}"
     assert cache_key(sys.executable) == expected
 
