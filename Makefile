@@ -9,7 +9,7 @@ install: $(STAMP)
 
 $(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh paraflow/backends/horovod/build.py \
 		paraflow/environment/mpi_library.py paraflow/backends/horovod/gpu_build.py \
-		scripts/install_torch.py
+		paraflow/backends/horovod/build_failure.py scripts/install_torch.py
 	bash scripts/install.sh $(VENV)
 	touch $(STAMP)
 

@@ -24,6 +24,8 @@ from paraflow.backends.horovod.build import wheel_cache
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 USER = "pfinstall"
+#: docs/hpc.md's check of the MPI mpi4py uses
+MPI4PY_LIBRARY = "from mpi4py import MPI; print(MPI.Get_library_version())"
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("useradd"), reason="creating a user to install as needs root and useradd"
@@ -118,6 +120,8 @@ def test_make_install_as_a_new_user_in_a_clean_environment(user, mpi):
     assert report["torch"]["build"] in torch_line
     mpirun = str(clone / ".venv/bin/mpirun") if mpi == "pypi" else shutil.which("mpirun", path=SYSTEM_PATH)
     assert report["mpi"]["mpirun"] == mpirun
+    asked = _as_user(user, [".venv/bin/python", "-c", MPI4PY_LIBRARY], clone, {}, 120)
+    assert asked.stdout.startswith("MPICH Version:" if mpi == "pypi" else "Open MPI"), asked.stdout + asked.stderr
 
     for backend in ("horovod", "ddp-gloo"):
         run = [mpirun, "-np", "2", ".venv/bin/python", "train.py", "--backend", backend, "--data", "digits"]
