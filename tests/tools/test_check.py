@@ -31,7 +31,7 @@ def test_json_report_matches_what_torch_mpi_horovod_and_the_registry_say():
     assert t["version"] == torch.__version__
     assert t["cuda_available"] == torch.cuda.is_available()
     assert len(t["cuda_devices"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    assert t["build"] == (f"CUDA {torch.version.cuda}" if torch.version.cuda else t["build"])
+    assert t["build"] == (f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU")
     assert (t["gloo"], t["nccl"], t["mpi"]) == (
         dist.is_gloo_available(),
         dist.is_nccl_available(),
@@ -105,6 +105,14 @@ def test_text_report_sections(capsys):
         assert heading in out
     for name in paraflow.registered_names():
         assert f"\n  {name} " in out
+
+
+def test_text_report_names_torchs_build_beside_the_mpi_facts(capsys):
+    assert check.main() == 0
+    out = capsys.readouterr().out
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
+    torch_line = f"torch        {torch.__version__} ({build} build)\n"
+    assert torch_line in out and out.index(torch_line) < out.index("MPI\n  mpirun ")
 
 
 def test_launcher_fields_follow_the_environment(monkeypatch):

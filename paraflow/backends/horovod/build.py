@@ -6,6 +6,8 @@ torch's headers need C++17. Here CMake runs through a small wrapper whose projec
 CMake's C++14 flag to ``-std=c++17``. The wheel is cached outside any checkout, keyed by the
 horovod, torch and Python versions and the MPI it is built against, so the next install of the
 same combination takes seconds and a horovod built for one MPI is never installed against another.
+GPU operations are built only where torch, the CUDA toolkit and a GPU allow them (gpu_build.py); a
+failed build ends with its cause and fix and the path of its log (build_failure.py).
 
 Needs a C++ compiler, CMake, Python headers and an MPI with its compiler wrappers. The MPI is the
 one whose ``mpicc`` sits beside the target Python (a PyPI MPI: ``pip install mpich``), else the
@@ -28,9 +30,19 @@ from typing import Optional
 
 from ...environment.cache import cache_dir
 from ...environment.mpi_library import find_tool, linked_library, mpi_family, wrapper_mpi
+from .build_failure import HorovodBuildError, failure_message
+from .gpu_build import GpuChoice, cmake_include, gpu_choice
 from .info import HOROVOD_VERSION
 
-__all__ = ["wheel_cache", "cache_key", "missing_tools", "linked_mpi_problem", "build_and_install", "add_arguments"]
+__all__ = [
+    "wheel_cache",
+    "cache_key",
+    "build_gpu",
+    "missing_tools",
+    "linked_mpi_problem",
+    "build_and_install",
+    "add_arguments",
+]
 
 #: What horovod needs at run time (its install_requires) and its setup.py imports.
 RUNTIME_REQUIREMENTS = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi")
@@ -71,7 +83,8 @@ def wheel_cache() -> Path:
 def _python_facts(python: str) -> dict:
     code = (
         "import json, sys, sysconfig, os, torch; print(json.dumps({"
-        "'torch': torch.__version__.split('+')[0], 'tag': 'cp%d%d' % sys.version_info[:2], "
+        "'torch': torch.__version__, 'tag': 'cp%d%d' % sys.version_info[:2], "
+        "'cuda': torch.version.cuda, 'gpu': torch.cuda.is_available(), "
         "'headers': os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))}))"
     )
     done = subprocess.run([python, "-c", code], capture_output=True, text=True)
@@ -83,16 +96,26 @@ def _python_facts(python: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def cache_key(python: str = sys.executable, version: str = HOROVOD_VERSION) -> str:
-    """``horovod-<version>-torch<torch>-<cpXY>-<MPI>`` for `python`'s torch, interpreter and MPI.
+def build_gpu(python: str = sys.executable) -> GpuChoice:
+    """Whether horovod for `python` is built with GPU operations, and why (gpu_build.py)."""
+    facts = _python_facts(python)
+    return gpu_choice(facts["cuda"], facts["gpu"])
 
-    The MPI part (``openmpi4.1.4-system-<hash>``, ``mpich5.0.2-pypi-<hash>``; ``nompi`` without an
-    ``mpicc``) names the MPI family, version, where it comes from and a hash of its ``mpicc``'s path:
+
+def cache_key(python: str = sys.executable, version: str = HOROVOD_VERSION, gpu: Optional[GpuChoice] = None) -> str:
+    """``horovod-<version>-torch<torch>-<cpXY>-<MPI>[-<GPU operations>]`` for `python`'s torch, Python, MPI.
+
+    The torch part is its whole version (``2.13.0+cpu``, ``2.13.0+cu130``): horovod is built for one of
+    them. A build with GPU operations ends in them (``-nccl``; ``-cuda`` with horovod's defaults). The MPI part
+    (``openmpi4.1.4-system-<hash>``, ``mpich5.0.2-pypi-<hash>``; ``nompi`` without an ``mpicc``) names
+    the MPI family, version, where it comes from and a hash of its ``mpicc``'s path:
     horovod links that MPI's library, and under another MPI's launcher it would run as a world of one.
     """
     facts = _python_facts(python)
+    gpu = gpu or gpu_choice(facts["cuda"], facts["gpu"])
     mpi = wrapper_mpi(python)
-    return f"horovod-{version}-torch{facts['torch']}-{facts['tag']}-{mpi.key if mpi else 'nompi'}"
+    suffix = f"-{gpu.operations.lower() or 'cuda'}" if gpu.enabled else ""
+    return f"horovod-{version}-torch{facts['torch']}-{facts['tag']}-{mpi.key if mpi else 'nompi'}{suffix}"
 
 
 def _tool_path(python: str) -> str:
@@ -144,9 +167,9 @@ def linked_mpi_problem(python: str = sys.executable) -> Optional[str]:
     return None
 
 
-def _cmake_wrapper(workdir: Path, cmake: str) -> Path:
-    include = workdir / "cxx17.cmake"
-    include.write_text(_CXX17)
+def _cmake_wrapper(workdir: Path, cmake: str, gpu: GpuChoice) -> Path:
+    include = workdir / "project.cmake"
+    include.write_text(_CXX17 + cmake_include(gpu))
     wrapper = workdir / "cmake"
     wrapper.write_text(
         "#!/bin/sh\n"
@@ -162,40 +185,51 @@ def _pip(python: str, *args: str) -> None:
     subprocess.run([python, "-m", "pip", *args], check=True)
 
 
-def build_wheel(python: str, directory: Path, version: str = HOROVOD_VERSION) -> Path:
-    """Compile horovod `version` for `python`'s torch into a wheel in `directory`."""
+def build_wheel(python: str, directory: Path, version: str = HOROVOD_VERSION, gpu: Optional[GpuChoice] = None) -> Path:
+    """Compile horovod `version` for `python`'s torch into a wheel in `directory`, its output in build.log there.
+
+    Raises:
+        HorovodBuildError: the build failed; the message names the cause, the fix and the log.
+    """
+    gpu = gpu or build_gpu(python)
     directory.mkdir(parents=True, exist_ok=True)
     _pip(python, "install", "-q", *BUILD_REQUIREMENTS)
+    log = directory / "build.log"
     with tempfile.TemporaryDirectory(prefix="paraflow-horovod-") as tmp:
         env = {
             **os.environ,
             "PATH": _tool_path(python),
-            "HOROVOD_CMAKE": str(_cmake_wrapper(Path(tmp), find_tool("cmake", python))),
+            "HOROVOD_CMAKE": str(_cmake_wrapper(Path(tmp), find_tool("cmake", python), gpu)),
             "CMAKE_POLICY_VERSION_MINIMUM": "3.5",  # gloo's old cmake_minimum_required
             "HOROVOD_WITH_PYTORCH": "1",
             "HOROVOD_WITH_GLOO": "1",
             "HOROVOD_WITH_MPI": "1",
             "HOROVOD_WITHOUT_TENSORFLOW": "1",
             "HOROVOD_WITHOUT_MXNET": "1",
-            "HOROVOD_GPU_OPERATIONS": os.environ.get("HOROVOD_GPU_OPERATIONS", ""),
+            **gpu.build_env(),
             "MAKEFLAGS": f"-j{os.cpu_count() or 1}",
         }
-        subprocess.run(
-            [
-                python,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-build-isolation",
-                "--no-deps",
-                "--no-cache-dir",
-                "-w",
-                str(directory),
-                f"horovod=={version}",
-            ],
-            check=True,
-            env=env,
-        )
+        with open(log, "w") as out:
+            done = subprocess.run(
+                [
+                    python,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    "--verbose",
+                    "--no-build-isolation",
+                    "--no-deps",
+                    "--no-cache-dir",
+                    "-w",
+                    str(directory),
+                    f"horovod=={version}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+    if done.returncode != 0:
+        raise HorovodBuildError(failure_message(log.read_text(errors="replace"), str(log)))
     wheels = sorted(directory.glob(f"horovod-{version}-*.whl"))
     if not wheels:
         raise SystemExit(f"error: pip reported success but left no horovod wheel in {directory}")
@@ -218,7 +252,14 @@ def build_and_install(python: str = sys.executable, force: bool = False, version
             )
             return 0
         print(f"reinstalling horovod: {other_mpi}", flush=True)
-    directory = wheel_cache() / cache_key(python, version)
+    gpu = build_gpu(python)
+    directory = wheel_cache() / cache_key(python, version, gpu)
+    print(
+        f"horovod with GPU operations ({gpu.operations or 'CUDA'}): {gpu.reason}"
+        if gpu.enabled
+        else f"horovod without GPU operations (CPU tensors, MPI and gloo): {gpu.reason}",
+        flush=True,
+    )
     cached = sorted(directory.glob(f"horovod-{version}-*.whl"))
     if cached and not force:
         wheel = cached[-1]
@@ -239,12 +280,16 @@ def build_and_install(python: str = sys.executable, force: bool = False, version
         mpi = wrapper_mpi(python)
         print(
             f"building horovod {version} for this torch against {mpi.describe() if mpi else 'no MPI'} "
-            f"(a few minutes, once); the wheel is kept in {directory}",
+            f"(a few minutes, once; log in {directory / 'build.log'}); the wheel is kept in {directory}",
             flush=True,
         )
         for old in cached:
             old.unlink()
-        wheel = build_wheel(python, directory, version)
+        try:
+            wheel = build_wheel(python, directory, version, gpu)
+        except HorovodBuildError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     _pip(python, "install", "-q", "--force-reinstall", "--no-deps", str(wheel))
     _pip(python, "install", "-q", *RUNTIME_REQUIREMENTS)
     after = probe(python)

@@ -324,12 +324,14 @@ def test_gloo_interface_towards_this_host_is_loopback():
 
 
 def test_build_cache_key_names_horovod_torch_python_and_the_mpi():
-    from paraflow.backends.horovod.build import cache_key
+    from paraflow.backends.horovod.build import build_gpu, cache_key
     from paraflow.environment.mpi_library import wrapper_mpi
 
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     mpi = wrapper_mpi(sys.executable)
-    expected = f"horovod-0.28.1-torch{torch.__version__.split('+')[0]}-{tag}-{mpi.key if mpi else 'nompi'}"
+    gpu = build_gpu(sys.executable)
+    suffix = f"-{gpu.operations.lower() or 'cuda'}" if gpu.enabled else ""
+    expected = f"horovod-0.28.1-torch{torch.__version__}-{tag}-{mpi.key if mpi else 'nompi'}{suffix}"
     assert cache_key(sys.executable) == expected
 
 
