@@ -5,8 +5,12 @@ the GIL back, inside a C++ destructor, and the process aborts ("terminate called
 active exception"): the launcher then reports the job failed after every result was printed.
 """
 
+import sys
+
 import pytest
-from conftest import WORKERS, launch, requires_horovod
+from conftest import RANK_ENV, ROOT, WORKERS, launch, requires_horovod
+
+from paraflow.tools.launch import run_launch
 
 SCRIPT = WORKERS / "clean_exit.py"
 COLLECTIVES = 24  # tests/workers/clean_exit.py: six rounds of four
@@ -43,3 +47,16 @@ def test_the_end_of_a_job_that_did_its_work_exits_0_every_time(backend, launcher
             assert_clean_exit(result)
         except AssertionError as failure:
             raise AssertionError(f"run {run + 1} of {runs}: {failure}") from None
+
+
+@pytest.mark.timeout(600)
+def test_the_readme_quick_start_under_paraflow_run_exits_0_every_time():
+    command = [sys.executable, "-m", "paraflow.cli", "run", "-n", "2", "--backend", "ddp-gloo"]
+    command.append(str(ROOT / "docs" / "examples" / "quickstart.py"))
+    for run in range(5):
+        result = run_launch(command, timeout=150, env=RANK_ENV, cwd=str(ROOT))
+        output = result.stdout + result.stderr
+        assert result.returncode == 0 and not result.timed_out, (
+            f"run {run + 1} of 5, exit {result.returncode}:\n{output[-4000:]}"
+        )
+        assert not [word for word in ABORTED if word in output], f"run {run + 1} of 5:\n{output[-4000:]}"
