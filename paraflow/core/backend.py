@@ -47,7 +47,7 @@ def _from_environment(field: str, doc: str) -> property:
 class Backend(TrainingFeatures, Collectives, abc.ABC):
     """A data-parallel method behind one API.
 
-    Create with :func:`paraflow.get_backend` or :func:`paraflow.init`, then ``init()``;
+    Create with `paraflow.get_backend` or `paraflow.init`, then ``init()``;
     use as a context manager to shut down on exit.
 
     Args:
@@ -57,15 +57,15 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         timeout: seconds a collective may wait before failing (default 600, or PARAFLOW_TIMEOUT).
         world_size: the number of processes you expect; a mismatch with the launcher fails.
         device: "cpu" or "cuda" (default: CUDA when the backend uses it and it is available).
-        precision: "fp32" (default), "bf16" or "fp16": the dtype :meth:`autocast` computes in;
-            "fp16" also turns on :meth:`grad_scaler`'s loss scaling.
+        precision: "fp32" (default), "bf16" or "fp16": the dtype `autocast` computes in;
+            "fp16" also turns on `grad_scaler`'s loss scaling.
         compression: gradient compression on the wire, "none" (default), "fp16" or "bf16";
             a backend that cannot do the one asked for raises ConfigurationError (COMPRESSIONS).
-        accumulation_steps: micro-batches per optimizer step under :meth:`accumulate` (default 1).
+        accumulation_steps: micro-batches per optimizer step under `accumulate` (default 1).
         banner: print the one-line start-up banner on rank 0 (default: True unless PARAFLOW_BANNER=0).
         stall_threshold: seconds ranks may wait on each other before every rank prints a
             ``paraflow stall:`` report (default 30, or PARAFLOW_STALL_THRESHOLD; at most half the
-            timeout; 0 turns it off). See :mod:`paraflow.reliability.stall`.
+            timeout; 0 turns it off). See `paraflow.reliability.stall`.
         check_collectives: check before every public collective that all ranks make the same
             call, and raise CollectiveError naming each rank's call and call site if not (one
             small allgather more per call; default: on under PARAFLOW_DEBUG=1, else off).
@@ -81,7 +81,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
       ``_barrier()``: one library collective each, behind the public collectives.
     - optionally ``wrap_optimizer``, ``no_sync``, ``join``, ``transport``, ``unavailable_reason``,
       ``process_limit``, ``_synchronize_gradients`` and ``_gradient_norm_power`` (where gradients
-      are reduced after backward, or sharded: :meth:`clip_grad_norm_`); class attributes
+      are reduced after backward, or sharded: `clip_grad_norm_`); class attributes
       ``OPTIONS``, ``LAUNCHERS``, ``COMPRESSIONS``, ``MULTI_PROCESS``.
     """
 
