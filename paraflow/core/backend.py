@@ -73,6 +73,16 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     Options of other registered backends are accepted and ignored (rank 0 says so once), so one
     script can carry every backend's tuning; a name no backend takes is a ConfigurationError.
 
+    Attributes:
+        name: the registered name (`"ddp-gloo"`, `"fsdp"`, ...).
+        rank: this process's global rank, from the launcher (after `init()`).
+        world_size: the number of processes in the job.
+        local_rank: this process's rank on its host.
+        local_world_size: the number of processes on its host.
+        launcher: the launcher that started this process (`torchrun`, `openmpi`, `slurm`, ...).
+        device: where `wrap_model` puts the model (`cpu`, or this rank's `cuda:N`).
+        is_main: True on rank 0: print, log and write files there.
+
     The contract a subclass fills (docs/architecture.md, "Where things go"):
 
     - ``_init()``: start communication; ``_shutdown()``: stop it.
