@@ -187,8 +187,10 @@ def page_blocks(path: Path) -> list:
 
 
 def _is_quick(commands: list) -> bool:
-    """The quick start's commands, cheap and the first a newcomer runs: part of `make test`."""
-    return all(c.script() is not None and c.script().name == "quickstart.py" for c in commands)
+    """The quick start of the README and getting started, the first commands a newcomer runs: part of
+    `make test` (they share their runs)."""
+    quick = ("README.md", "docs/getting-started.md")
+    return all(c.page in quick and c.script() is not None and c.script().name == "quickstart.py" for c in commands)
 
 
 def _cases() -> list:
