@@ -187,10 +187,12 @@ def page_blocks(path: Path) -> list:
 
 
 def _is_quick(commands: list) -> bool:
-    """The quick start of the README and getting started, the first commands a newcomer runs: part of
-    `make test` (they share their runs)."""
-    quick = ("README.md", "docs/getting-started.md")
-    return all(c.page in quick and c.script() is not None and c.script().name == "quickstart.py" for c in commands)
+    """Getting started's quick start (one process, then two under ddp-gloo, with their output): the
+    first commands a newcomer runs, part of `make test`; every other block is `long`."""
+    return all(
+        c.page == "docs/getting-started.md" and c.script() is not None and c.script().name == "quickstart.py"
+        for c in commands
+    )
 
 
 def _cases() -> list:
