@@ -60,6 +60,12 @@ def test_the_committed_reference_pages_are_what_the_generator_writes(tmp_path):
         )
 
 
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").rglob("*.md")), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_link_between_pages_leads_to_a_file_so_the_docs_read_as_files(page):
+    targets = re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", page.read_text())
+    assert [t for t in targets if not (page.parent / t).exists()] == []
+
+
 def test_paraflow_init_documents_every_option_every_backend_takes():
     doc = inspect.getdoc(paraflow.init)
     assert len(init_options()) > 20
