@@ -248,14 +248,24 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     # ---------------------------------------------------------------- training
     @abc.abstractmethod
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Move `model` to this process's device and wrap it for gradient synchronisation."""
+        """Move `model` to this process's device and wrap it for gradient synchronisation.
+
+        Every rank starts from rank 0's parameters. `ddp`: `DistributedDataParallel` with the
+        DDP options given to `paraflow.init`; `fsdp`: `fully_shard` on each unit (`blocks=`),
+        in place; `horovod`: rank 0's parameters broadcast, gradients reduced by the optimizer
+        `wrap_optimizer` returns; `dp`: `nn.DataParallel`; `single`: the model itself. Train and
+        call the model it returns; `unwrap` gives back your own module (for `state_dict`,
+        attributes).
+        """
 
     def wrap_optimizer(
         self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None
     ) -> torch.optim.Optimizer:
         """Return an optimizer whose step sees synchronised gradients (unchanged by default).
 
-        `model` is optional on every backend (horovod names gradients after it when given).
+        Build the optimizer on the wrapped model's parameters, after `wrap_model` (fsdp also takes
+        one built before and rebuilds it over its shards). `model` is optional on every backend
+        (horovod names gradients after it when given).
         Every backend's optimizer has horovod's ``synchronize()`` and ``skip_synchronize()``;
         here, where backward has reduced the gradients already, they do nothing.
         """
@@ -271,7 +281,12 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         return getattr(model, "module", model)
 
     def no_sync(self, model: nn.Module) -> ContextManager:
-        """Context in which backward passes accumulate gradients locally without communicating."""
+        """Context in which backward passes accumulate gradients locally without communicating.
+
+        DDP's meaning on every backend: a backward whose forward ran inside the context is not
+        reduced, and the next backward of a forward outside it reduces everything accumulated.
+        `accumulate` does the counting for you with `accumulation_steps`.
+        """
         return contextlib.nullcontext()
 
     # ---------------------------------------------------------------- for subclasses
