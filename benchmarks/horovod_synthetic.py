@@ -31,7 +31,7 @@ import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 
 from paraflow.bench.driver.config import ModelSpec  # noqa: E402
-from paraflow.bench.rank.factory import build_factory, call_model  # noqa: E402
+from paraflow.bench.rank.factory import batch_samples, build_factory, call_model  # noqa: E402
 
 
 def main() -> int:
@@ -68,7 +68,7 @@ def main() -> int:
         built.loss(call_model(model, data), target).backward()  # cross-entropy for class targets
         optimizer.step()
 
-    samples = built.samples
+    samples = batch_samples(built.inputs)
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
     rates = []
     for i in range(args.num_iters):

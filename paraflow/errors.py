@@ -55,7 +55,7 @@ class CheckpointError(ParaflowError, OSError):
 
 
 class RankFailedError(ParaflowError, RuntimeError):
-    """A process started by :func:`paraflow.launch` raised or died; names the rank, carries its traceback.
+    """A process started by `paraflow.launch` raised or died; names the rank, carries its traceback.
 
     Attributes:
         rank: the rank that failed first.
@@ -73,7 +73,7 @@ class RankFailedError(ParaflowError, RuntimeError):
 
 
 class LaunchTimeoutError(ParaflowError, TimeoutError):
-    """Processes started by :func:`paraflow.launch` did not finish in time; all were stopped.
+    """Processes started by `paraflow.launch` did not finish in time; all were stopped.
 
     Attributes:
         unfinished: the ranks still running at the time limit.

@@ -1,8 +1,9 @@
 """Generate the docs' reference pages: the Python API from ``paraflow.__all__``, the CLI from its parsers.
 
-``mkdocs build`` runs this file through the mkdocs-gen-files plugin (see ``mkdocs.yml``), so the
-pages are never copied by hand: a name added to ``__all__`` or a flag added to a parser shows up
-in the next build. ``python scripts/docs_reference.py DIR`` writes the same pages into DIR.
+``python scripts/docs_reference.py docs`` writes ``docs/reference/api.md`` and
+``docs/reference/cli.md``. The pages are committed, so their links work where the docs are read
+as files, and ``tests/docs/test_docs_reference.py`` fails when they differ from what this script
+generates: a name added to ``__all__`` or a flag added to a parser needs the command above.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def api_page() -> str:
     lines = [
         "# Python API",
         "",
-        "Everything `import paraflow` makes public (`paraflow.__all__`), generated from the docstrings.",
+        "Everything `import paraflow` makes public (`paraflow.__all__`), generated from the docstrings"
+        " by `scripts/docs_reference.py`; the site renders each entry in full. `paraflow.Backend` lists"
+        " every method a backend offers, those it inherits included.",
         "",
     ]
     for name in paraflow.__all__:
@@ -39,8 +42,10 @@ def api_page() -> str:
             "    options:",
             "      show_root_heading: false",
             "      show_root_toc_entry: false",
-            "",
         ]
+        if obj is paraflow.Backend:  # what scripts call lives in its bases: TrainingFeatures, Collectives
+            lines += ["      inherited_members: true", "      members_order: source"]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -144,19 +149,10 @@ def cli_page(parser: Optional[argparse.ArgumentParser] = None) -> str:
     return "\n".join(lines)
 
 
-def _write_with_gen_files() -> None:
-    import mkdocs_gen_files
-
-    for page, text in ((API_PAGE, api_page()), (CLI_PAGE, cli_page())):
-        with mkdocs_gen_files.open(page, "w") as handle:
-            handle.write(text)
-        mkdocs_gen_files.set_edit_path(page, "scripts/docs_reference.py")
-
-
 def main(argv: Optional[list] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python scripts/docs_reference.py OUTPUT_DIR", file=sys.stderr)
+        print("usage: python scripts/docs_reference.py OUTPUT_DIR (docs: the committed pages)", file=sys.stderr)
         return 2
     out = Path(argv[0])
     for page, text in ((API_PAGE, api_page()), (CLI_PAGE, cli_page())):
@@ -167,5 +163,3 @@ def main(argv: Optional[list] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-elif __name__ == "<run_path>" or "mkdocs_gen_files" in sys.modules:
-    _write_with_gen_files()

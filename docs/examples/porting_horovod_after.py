@@ -1,6 +1,6 @@
 """porting_horovod_before.py on paraflow: the Horovod loop unchanged, under any backend.
 
-mpirun -np 2 python docs/examples/porting_horovod_after.py             # horovod, as before
+PARAFLOW_BACKEND=horovod mpirun -np 2 -x PARAFLOW_BACKEND python docs/examples/porting_horovod_after.py
 paraflow run -n 2 --backend ddp-gloo docs/examples/porting_horovod_after.py
 paraflow run -n 2 --backend fsdp docs/examples/porting_horovod_after.py
 """
@@ -14,7 +14,7 @@ import paraflow
 STEPS, MICRO = 8, 2
 
 
-# horovod under mpirun, else the launcher's (PARAFLOW_BACKEND, `paraflow run --backend`)
+# the backend PARAFLOW_BACKEND names (`paraflow run --backend` sets it), else ddp under any launcher
 with paraflow.init(accumulation_steps=MICRO) as backend:  # was backward_passes_per_step=MICRO
     model = backend.wrap_model(build_model())  # broadcasts rank 0's parameters
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model)

@@ -47,7 +47,7 @@ def _from_environment(field: str, doc: str) -> property:
 class Backend(TrainingFeatures, Collectives, abc.ABC):
     """A data-parallel method behind one API.
 
-    Create with :func:`paraflow.get_backend` or :func:`paraflow.init`, then ``init()``;
+    Create with `paraflow.get_backend` or `paraflow.init`, then ``init()``;
     use as a context manager to shut down on exit.
 
     Args:
@@ -57,21 +57,31 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         timeout: seconds a collective may wait before failing (default 600, or PARAFLOW_TIMEOUT).
         world_size: the number of processes you expect; a mismatch with the launcher fails.
         device: "cpu" or "cuda" (default: CUDA when the backend uses it and it is available).
-        precision: "fp32" (default), "bf16" or "fp16": the dtype :meth:`autocast` computes in;
-            "fp16" also turns on :meth:`grad_scaler`'s loss scaling.
+        precision: "fp32" (default), "bf16" or "fp16": the dtype `autocast` computes in;
+            "fp16" also turns on `grad_scaler`'s loss scaling.
         compression: gradient compression on the wire, "none" (default), "fp16" or "bf16";
             a backend that cannot do the one asked for raises ConfigurationError (COMPRESSIONS).
-        accumulation_steps: micro-batches per optimizer step under :meth:`accumulate` (default 1).
+        accumulation_steps: micro-batches per optimizer step under `accumulate` (default 1).
         banner: print the one-line start-up banner on rank 0 (default: True unless PARAFLOW_BANNER=0).
         stall_threshold: seconds ranks may wait on each other before every rank prints a
             ``paraflow stall:`` report (default 30, or PARAFLOW_STALL_THRESHOLD; at most half the
-            timeout; 0 turns it off). See :mod:`paraflow.reliability.stall`.
+            timeout; 0 turns it off). See `paraflow.reliability.stall`.
         check_collectives: check before every public collective that all ranks make the same
             call, and raise CollectiveError naming each rank's call and call site if not (one
             small allgather more per call; default: on under PARAFLOW_DEBUG=1, else off).
 
     Options of other registered backends are accepted and ignored (rank 0 says so once), so one
     script can carry every backend's tuning; a name no backend takes is a ConfigurationError.
+
+    Attributes:
+        name: the registered name (`"ddp-gloo"`, `"fsdp"`, ...).
+        rank: this process's global rank, from the launcher (after `init()`).
+        world_size: the number of processes in the job.
+        local_rank: this process's rank on its host.
+        local_world_size: the number of processes on its host.
+        launcher: the launcher that started this process (`torchrun`, `openmpi`, `slurm`, ...).
+        device: where `wrap_model` puts the model (`cpu`, or this rank's `cuda:N`).
+        is_main: True on rank 0: print, log and write files there.
 
     The contract a subclass fills (docs/architecture.md, "Where things go"):
 
@@ -81,7 +91,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
       ``_barrier()``: one library collective each, behind the public collectives.
     - optionally ``wrap_optimizer``, ``no_sync``, ``join``, ``transport``, ``unavailable_reason``,
       ``process_limit``, ``_synchronize_gradients`` and ``_gradient_norm_power`` (where gradients
-      are reduced after backward, or sharded: :meth:`clip_grad_norm_`); class attributes
+      are reduced after backward, or sharded: `clip_grad_norm_`); class attributes
       ``OPTIONS``, ``LAUNCHERS``, ``COMPRESSIONS``, ``MULTI_PROCESS``.
     """
 
@@ -238,14 +248,24 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     # ---------------------------------------------------------------- training
     @abc.abstractmethod
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Move `model` to this process's device and wrap it for gradient synchronisation."""
+        """Move `model` to this process's device and wrap it for gradient synchronisation.
+
+        Every rank starts from rank 0's parameters. `ddp`: `DistributedDataParallel` with the
+        DDP options given to `paraflow.init`; `fsdp`: `fully_shard` on each unit (`blocks=`),
+        in place; `horovod`: rank 0's parameters broadcast, gradients reduced by the optimizer
+        `wrap_optimizer` returns; `dp`: `nn.DataParallel`; `single`: the model itself. Train and
+        call the model it returns; `unwrap` gives back your own module (for `state_dict`,
+        attributes).
+        """
 
     def wrap_optimizer(
         self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None
     ) -> torch.optim.Optimizer:
         """Return an optimizer whose step sees synchronised gradients (unchanged by default).
 
-        `model` is optional on every backend (horovod names gradients after it when given).
+        Build the optimizer on the wrapped model's parameters, after `wrap_model` (fsdp also takes
+        one built before and rebuilds it over its shards). `model` is optional on every backend
+        (horovod names gradients after it when given).
         Every backend's optimizer has horovod's ``synchronize()`` and ``skip_synchronize()``;
         here, where backward has reduced the gradients already, they do nothing.
         """
@@ -261,7 +281,12 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         return getattr(model, "module", model)
 
     def no_sync(self, model: nn.Module) -> ContextManager:
-        """Context in which backward passes accumulate gradients locally without communicating."""
+        """Context in which backward passes accumulate gradients locally without communicating.
+
+        DDP's meaning on every backend: a backward whose forward ran inside the context is not
+        reduced, and the next backward of a forward outside it reduces everything accumulated.
+        `accumulate` does the counting for you with `accumulation_steps`.
+        """
         return contextlib.nullcontext()
 
     # ---------------------------------------------------------------- for subclasses

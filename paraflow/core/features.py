@@ -27,7 +27,7 @@ __all__ = ["TrainingFeatures"]
 
 
 class TrainingFeatures:
-    """Accumulation, autocast, loss scaling, join, sampler, save, load and export for :class:`Backend`."""
+    """Accumulation, autocast, loss scaling, join, sampler, save, load and export for `Backend`."""
 
     @contextlib.contextmanager
     def accumulate(self, model: nn.Module) -> Iterator[bool]:
@@ -44,7 +44,7 @@ class TrainingFeatures:
             yield sync
 
     def _skip_gradient_sync(self, model: nn.Module) -> ContextManager:
-        """What :meth:`accumulate` enters on micro-batches that must not communicate."""
+        """What `accumulate` enters on micro-batches that must not communicate."""
         return self.no_sync(model)
 
     # ---------------------------------------------------------------- gradient clipping
@@ -55,9 +55,9 @@ class TrainingFeatures:
         ``clip_grad_norm_``. It clips the gradients the optimizer will apply, on every backend:
         horovod finishes its allreduce first (the step then does not reduce again), fsdp sums
         the norm over every rank's shards, and with ``precision="fp16"`` the scaler from
-        :meth:`grad_scaler` unscales first. The total norm (a tensor, ``inf`` allowed as
+        `grad_scaler` unscales first. The total norm (a tensor, ``inf`` allowed as
         `norm_type`) is the same on every rank and on every backend for the same global batch
-        (:mod:`paraflow.training.clipping`).
+        (`paraflow.training.clipping`).
         """
         max_norm = check_number("max_norm", max_norm, zero=True)
         norm_type = check_norm_type(norm_type)
@@ -72,7 +72,7 @@ class TrainingFeatures:
     def clip_grad_value_(self, model: nn.Module, clip_value: float) -> None:
         """Clamp every synchronised gradient entry of `model` to ``[-clip_value, clip_value]``.
 
-        Between ``backward()`` and ``optimizer.step()``, as :meth:`clip_grad_norm_` (horovod
+        Between ``backward()`` and ``optimizer.step()``, as `clip_grad_norm_` (horovod
         reduces first, the fp16 scaler unscales first).
         """
         clip_value = check_number("clip_value", clip_value, zero=True)
@@ -133,11 +133,11 @@ class TrainingFeatures:
         """A sampler giving this rank its shard of `dataset`; call ``set_epoch`` each epoch.
 
         Every sample goes to exactly one rank per epoch, reshuffled each epoch from `seed`. With
-        ``drop_last=False`` shard lengths may differ by one (train under :meth:`join`); with
+        ``drop_last=False`` shard lengths may differ by one (train under `join`); with
         ``drop_last=True`` the ``len(dataset) % world_size`` remainder is left out of each epoch
         so all shards are equal. Shards that give the ranks different numbers of batches outside
-        :meth:`join` raise ConfigurationError at the epoch's first training forward, on every rank
-        (:mod:`paraflow.training.shard_check`). See :class:`paraflow.training.sampler.ShardSampler`.
+        `join` raise ConfigurationError at the epoch's first training forward, on every rank
+        (`paraflow.training.shard_check`). See `paraflow.training.sampler.ShardSampler`.
         """
         sampler = ShardSampler(
             dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=seed, drop_last=drop_last
@@ -164,7 +164,7 @@ class TrainingFeatures:
         """Write `state` to `path` atomically from rank 0; call on every rank.
 
         Modules are saved unwrapped, objects with ``state_dict`` by their state dict, anything
-        else as it is; every rank's RNG states are added. See :mod:`paraflow.training.checkpoint`.
+        else as it is; every rank's RNG states are added. See `paraflow.training.checkpoint`.
         """
         with self._marked("save"):
             save_checkpoint(self, path, state)
@@ -173,7 +173,7 @@ class TrainingFeatures:
         """Restore `state` in place from `path` on every rank, after a barrier, on this device.
 
         Returns the saved entries not restored into an object (epoch, step, ...); RNG states are
-        restored too. Works across backends. See :mod:`paraflow.training.checkpoint`.
+        restored too. Works across backends. See `paraflow.training.checkpoint`.
         """
         with self._marked("load"):
             return load_checkpoint(self, path, state)
@@ -181,7 +181,7 @@ class TrainingFeatures:
     def export(self, path: str, state: Mapping[str, Any]) -> None:
         """Write `state` as one full, unsharded checkpoint file that every backend's ``load`` reads.
 
-        The same file as :meth:`save` on backends that hold whole models; a sharding backend
+        The same file as `save` on backends that hold whole models; a sharding backend
         gathers its shards into it. A collective call.
         """
         with self._marked("export"):

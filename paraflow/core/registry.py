@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 from ..errors import ConfigurationError, UnknownBackendError
 
-__all__ = ["register", "registered_names", "create", "BackendSpec", "available_backends"]
+__all__ = ["register", "registered_names", "create", "BackendSpec", "available_backends", "unavailable_reason"]
 
 
 @dataclass(frozen=True)
@@ -65,12 +65,15 @@ def create(name: str, **options: Any):
     return s.load()(name=name, **{**s.presets, **options})
 
 
+def unavailable_reason(name: str) -> Optional[str]:
+    """None when backend `name` can run here, else why not (what ``paraflow backends`` prints)."""
+    s = spec(name)
+    try:
+        return s.load().unavailable_reason(**s.presets)
+    except ImportError as exc:  # a backend module whose own imports fail
+        return str(exc)
+
+
 def available_backends() -> dict[str, Optional[str]]:
     """Map every registered name to None when it can run here, else the reason it cannot."""
-    result: dict[str, Optional[str]] = {}
-    for name, s in _REGISTRY.items():
-        try:
-            result[name] = s.load().unavailable_reason(**s.presets)
-        except ImportError as exc:  # a backend module whose own imports fail
-            result[name] = str(exc)
-    return result
+    return {name: unavailable_reason(name) for name in _REGISTRY}

@@ -25,7 +25,7 @@ from typing import Optional
 from ..core.placement import cores
 from ..environment.launchers import launcher_for_tool, launcher_tools, launcher_variables, registered_launchers
 from ..environment.launchers.openmpi import MPI_YIELD
-from ..errors import ConfigurationError, ParaflowError
+from ..errors import BackendUnavailableError, ConfigurationError, ParaflowError
 from ..reliability.last_words import JOB_DIR_ENV, job_ended, new_job_directory
 from .flags import renamed
 from .launch import find_tool, kill_descendants, launch_command, prctl, run_launch
@@ -129,6 +129,11 @@ def plan_run(
         hosts: "h1:2,h2:2" for a multi-host job (None: this host).
         port: rendezvous port of a multi-host torchrun job (default 29500).
         must_exist: False prints launchers missing here by their bare names (``--dry-run``).
+
+    Raises:
+        BackendUnavailableError: a job on this host only (no `hosts`, not a dry run) with a
+            backend that cannot run here, for the reason ``paraflow backends`` gives: refused
+            before any process starts.
     """
     if not script:
         raise ConfigurationError("paraflow run needs a script: paraflow run -n 2 train.py [ARGS...]")
@@ -145,6 +150,8 @@ def plan_run(
         raise ConfigurationError(
             f"backend {name!r} runs in one process; use -n 1, or a multi-process backend (--backend ddp)."
         )
+    if must_exist and not host_list:
+        _refuse_unavailable(name)
     chosen = choose_launcher(name, launcher, env)
     args = list(script)
     if host_list and launcher_for_tool(chosen).agent_per_host:  # one agent per host: a command for each
@@ -158,6 +165,17 @@ def plan_run(
         commands = [(None, command)]
     job_env = {BACKEND_VARIABLE: name, **job_environment(chosen, 0 if host_list else nproc, env)}
     return RunPlan(commands, job_env)
+
+
+def _refuse_unavailable(name: str) -> None:
+    from ..core.registry import unavailable_reason
+
+    reason = unavailable_reason(name)
+    if reason:
+        raise BackendUnavailableError(
+            f"backend {name!r} cannot run here, so no process was started: {reason}. "
+            "`paraflow backends` lists what can run here."
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -92,29 +92,7 @@ def launch(
     time_limit: Optional[float] = DEFAULT_TIME_LIMIT,
     **options: Any,
 ) -> list:
-    """Run ``fn(backend, *args)`` in `nprocs` new processes, each inside an initialised backend.
-
-    Works from a script, from ``python -`` and in a Jupyter kernel: `fn` may be defined anywhere,
-    it is sent by value. Each worker's output is printed here with a ``[rankN]`` prefix.
-
-    Args:
-        fn: called on every rank with the initialised backend and `args`; what it returns must
-            be picklable.
-        *args: passed to `fn` after the backend (picklable).
-        nprocs: the number of processes (ranks), all on this host.
-        backend: the registered backend name ("ddp", "ddp-gloo", "horovod", ...).
-        time_limit: seconds the whole call may take before every worker is stopped (None: no limit).
-        **options: backend options, as for :func:`paraflow.init` (``timeout`` is the collectives').
-
-    Returns:
-        The return values of `fn`, in rank order.
-
-    Raises:
-        RankFailedError: a rank raised or died; names the rank and carries its traceback. The
-            other ranks are stopped.
-        LaunchTimeoutError: ranks were still running after `time_limit` seconds; all were stopped.
-        MissingDependencyError: cloudpickle is not installed.
-    """
+    """`paraflow.launch` (documented there): run `fn(backend, *args)` in `nprocs` new processes."""
     from ..core.registry import create, spec
 
     if not callable(fn):

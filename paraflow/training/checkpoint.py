@@ -9,9 +9,9 @@ own device.
 
 Models are stored unwrapped (``backend.unwrap(model).state_dict()``), so a checkpoint written
 under one backend loads under any other; fsdp's sharded checkpoint directories load too, read
-whole (:mod:`paraflow.training.checkpoint_sharded`). Each rank's RNG states (torch CPU, CUDA,
+whole (`paraflow.training.checkpoint_sharded`). Each rank's RNG states (torch CPU, CUDA,
 Python, NumPy) are stored too and restored on load. The CRC-32s ``torch.save`` writes into its zip
-archive are checked before the file is loaded (:mod:`paraflow.training.checkpoint_reader`).
+archive are checked before the file is loaded (`paraflow.training.checkpoint_reader`).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def checkpoint_header(backend: Any) -> dict:
 
 def state_to_save(backend: Any, state: Mapping[str, Any]) -> dict:
     """`state` as a checkpoint stores it: modules unwrapped and by state dict, stateful objects by
-    state dict, anything else as it is (what :meth:`Backend._state_to_save` does by default)."""
+    state dict, anything else as it is (what `Backend._state_to_save` does by default)."""
     saved = {}
     for key, value in state.items():
         if isinstance(value, nn.Module):
@@ -158,7 +158,7 @@ def state_to_save(backend: Any, state: Mapping[str, Any]) -> dict:
 
 def restore_state(backend: Any, state: Optional[MutableMapping[str, Any]], saved: Mapping[str, Any], path: str) -> dict:
     """Restore `state` in place from the checkpoint entries `saved`; the entries not restored into
-    an object (what :meth:`Backend._restore_state` does by default)."""
+    an object (what `Backend._restore_state` does by default)."""
     rest = dict(saved)
     for key, target in (state or {}).items():
         if key not in saved:

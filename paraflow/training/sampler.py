@@ -66,7 +66,7 @@ class ShardSampler(Sampler[int]):
             start: indices of this rank's shard to skip (per rank: resumes exactly only under
                 the world size that counted them).
             position: samples of the epoch's permutation already trained, over all ranks (from
-                :meth:`position_after`): the rest is dealt out among the current ranks, so an
+                `position_after`): the rest is dealt out among the current ranks, so an
                 epoch resumes exactly under any world size.
         """
         if start < 0 or position < 0:

@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, requires_horovod
 
+import paraflow
 from paraflow.cli import main as cli
 from paraflow.core.placement import cores
 from paraflow.environment.launchers import free_port
@@ -112,6 +114,48 @@ def test_srun_is_picked_inside_a_slurm_allocation(capsys, monkeypatch, tmp_path)
 def test_bad_arguments_exit_2_with_the_reason(capsys, args, words):
     assert cli(["run", "--dry-run", *args, "train.py"]) == 2
     assert words in capsys.readouterr().err
+
+
+class _NeverHere(paraflow.Backend):
+    """A backend that can never run: what paraflow run must refuse before starting anything."""
+
+    @classmethod
+    def unavailable_reason(cls, **presets):
+        return "it needs the moon's GPU"
+
+
+@pytest.fixture
+def never_here():
+    from paraflow.core import registry
+
+    paraflow.register_backend("never-here", _NeverHere)
+    yield "never-here"
+    registry._REGISTRY.pop("never-here")
+
+
+def _refused(capsys, tmp_path, backend: str) -> str:
+    started = tmp_path / "started"
+    script = tmp_path / "x.py"
+    script.write_text(f"open({str(started)!r}, 'w').close()\n")
+    assert cli(["run", "-n", "2", "--backend", backend, str(script)]) == 2
+    captured = capsys.readouterr()
+    assert not started.exists()  # no process ran the script
+    assert "paraflow run:" not in captured.out  # no command was started
+    return captured.err
+
+
+def test_a_backend_that_cannot_run_here_is_refused_before_any_process_starts(capsys, tmp_path, never_here):
+    err = _refused(capsys, tmp_path, never_here)
+    assert "backend 'never-here' cannot run here, so no process was started: it needs the moon's GPU" in err
+    assert cli(["run", "--dry-run", "-n", "2", "--backend", never_here, "x.py"]) == 0  # a dry run still prints
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: ddp-nccl can run here")
+def test_ddp_nccl_without_a_gpu_is_refused_with_the_reason_paraflow_backends_gives(capsys, tmp_path):
+    assert cli(["backends"]) == 0
+    (listed,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ddp-nccl ")]
+    reason = listed.split("unavailable: ", 1)[1]
+    assert reason in _refused(capsys, tmp_path, "ddp-nccl")
 
 
 def test_the_backend_reaches_the_script_as_paraflow_backend_and_the_default_follows_the_environment():

@@ -34,5 +34,5 @@ class EnvInit(Launcher):
             local_rank = self.integer(env, "LOCAL_RANK")
             local_world = self.integer(env, "LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE") else world
             return Identity(rank, world, local_rank, local_world, "local rank from LOCAL_RANK")
-        assumed = "no LOCAL_RANK: one process per host assumed (set LOCAL_RANK and LOCAL_WORLD_SIZE if not)"
+        assumed = "one process per host assumed, as no LOCAL_RANK is set; set LOCAL_RANK and LOCAL_WORLD_SIZE otherwise"
         return Identity(rank, world, 0, 1, assumed, local_known=False)
