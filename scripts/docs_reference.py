@@ -89,10 +89,21 @@ def walk(parser: argparse.ArgumentParser, path: Optional[list] = None) -> Iterat
 
 def _flag_rows(parser: argparse.ArgumentParser) -> Iterator[tuple]:
     """(group title, flag column, help) for every argument of `parser`, by argument group."""
+    from paraflow.tools.flags import RenamedFlag
+
     formatter = parser._get_formatter()
     for group in parser._action_groups:
         for action in group._group_actions:
             if isinstance(action, argparse._SubParsersAction):
+                continue
+            if isinstance(action, RenamedFlag):  # an old spelling: it still runs, as the new one
+                yield (
+                    "renamed (the old spellings still run, with a note; they go in the next release)",
+                    ", ".join(action.option_strings),
+                    f"`{action.use}`",
+                )
+                continue
+            if action.help == argparse.SUPPRESS:
                 continue
             if action.option_strings:
                 flag = ", ".join(action.option_strings)
@@ -100,7 +111,7 @@ def _flag_rows(parser: argparse.ArgumentParser) -> Iterator[tuple]:
                     flag += " " + formatter._format_args(action, action.dest.upper())
             else:
                 flag = action.metavar or action.dest
-            text = "" if action.help in (None, argparse.SUPPRESS) else formatter._expand_help(action)
+            text = "" if action.help is None else formatter._expand_help(action)
             yield group.title or "", flag, text
 
 
@@ -113,7 +124,7 @@ def _parser_section(path: list, aliases: list, summary: Optional[str], parser: a
         lines += ["Also spelled: " + ", ".join(f"`{' '.join(path[:-1] + [a])}`" for a in aliases), ""]
     lines += ["```text", parser.format_usage().strip(), "```", ""]
     current = None
-    for group, flag, text in _flag_rows(parser):
+    for group, flag, text in sorted(_flag_rows(parser), key=lambda row: row[0].startswith("renamed")):
         if group != current:
             current = group
             lines += ["", f"**{_markdown_text(group)}**", "", "| argument | what it does |", "|---|---|"]

@@ -169,13 +169,12 @@ def test_the_backend_reaches_the_script_as_paraflow_backend_and_the_default_foll
     assert plan_run(["x.py"], 1, None, must_exist=False, env={}).env["PARAFLOW_BACKEND"] == "single"
 
 
-def test_the_old_timeout_flag_is_an_error_naming_the_new_one(capsys):
+def test_the_old_timeout_flag_runs_as_the_new_one_with_a_note(capsys):
     from paraflow.cli import build_parser
 
-    with pytest.raises(SystemExit) as ended:
-        build_parser().parse_args(["run", "--timeout", "5", "train.py"])
-    assert ended.value.code == 2
-    assert "--timeout was renamed: use --job-timeout" in capsys.readouterr().err
+    old = build_parser().parse_args(["run", "--timeout", "5", "train.py"])
+    assert "paraflow run: note: --timeout was renamed: use --job-timeout" in capsys.readouterr().err
+    assert vars(old) == vars(build_parser().parse_args(["run", "--job-timeout", "5", "train.py"]))
 
 
 def test_a_parent_jobs_rank_variables_are_not_passed_on():
