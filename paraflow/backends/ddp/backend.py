@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ...core.compiling import CompileOption, compile_model, compile_options, refuse_skipped_inner_module, uncompiled
 from ...errors import ConfigurationError
 from ...reliability.translation import collective_errors
 from ...training.object_collectives import copy_state_from
@@ -58,19 +59,22 @@ class DDPBackend(TorchDistributedBackend):
     def _before_destroy(self) -> None:
         release_continuations()  # a gloo thread still releasing a hook's continuation needs the GIL
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module, compile: CompileOption = None) -> nn.Module:
         """Move `model` to this rank's device and wrap it in DistributedDataParallel.
 
         DDP's constructor broadcasts rank 0's parameters and buffers: a rank that does not join
-        it fails with CollectiveTimeoutError after the timeout.
+        it fails with CollectiveTimeoutError after the timeout. `compile` compiles the module
+        inside DDP (``DDP(torch.compile(model))``): torch's compiler still splits its graph at
+        DDP's buckets, so gradients are sent while backward runs.
         """
         self._live()
-        if isinstance(model, DistributedDataParallel):
+        options = compile_options(compile)
+        if isinstance(uncompiled(model), DistributedDataParallel):
             raise ConfigurationError(
                 "wrap_model was given a model it already wrapped (DistributedDataParallel); wrapping it again "
                 "would nest DDP in DDP. Pass the module itself (backend.unwrap(model)), or keep using the wrapped one."
             )
-        model = model.to(self.device)
+        model = compile_model(model.to(self.device), options)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         with collective_errors(self, "wrap_model (DDP's broadcast of rank 0's parameters and buffers)"):
             wrapped = CheckedDistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
@@ -188,7 +192,10 @@ class CheckedDistributedDataParallel(DistributedDataParallel):
     paraflow_backend_name = "ddp"
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        """DistributedDataParallel.forward, with its unused-parameter error translated."""
+        """DistributedDataParallel.forward, with its unused-parameter error translated; under
+        ``torch.compile``, refused where the compiler would leave the module inside uncompiled."""
+        if torch.compiler.is_compiling():
+            refuse_skipped_inner_module(self.module)
         try:
             return super().forward(*inputs, **kwargs)
         except RuntimeError as exc:
