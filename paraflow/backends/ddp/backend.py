@@ -74,6 +74,8 @@ class DDPBackend(TorchDistributedBackend):
                 "wrap_model was given a model it already wrapped (DistributedDataParallel); wrapping it again "
                 "would nest DDP in DDP. Pass the module itself (backend.unwrap(model)), or keep using the wrapped one."
             )
+        if options is not None or uncompiled(model) is not model:
+            self._check_buckets_for_compiler()
         model = compile_model(model.to(self.device), options)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         with collective_errors(self, "wrap_model (DDP's broadcast of rank 0's parameters and buffers)"):
@@ -82,6 +84,16 @@ class DDPBackend(TorchDistributedBackend):
         if self.compression != "none":  # gradients cross at half their size (comm_hooks.compress_hook)
             wrapped.register_comm_hook(state=None, hook=compress_hook(HALF_DTYPES[self.compression]))
         return self._mark_model(wrapped)
+
+    def _check_buckets_for_compiler(self) -> None:
+        """torch's compiler splits a DDP model's graph at its buckets, none under the first (1 MB)."""
+        first_mb = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", 0) / 2**20
+        if self.ddp_options.get("bucket_cap_mb", 25) < first_mb:
+            raise ConfigurationError(
+                f"bucket_cap_mb={self.ddp_options['bucket_cap_mb']} is smaller than DDP's first bucket "
+                f"({first_mb:g} MB), which torch's compiler does not accept for a compiled model: pass "
+                f"bucket_cap_mb={first_mb:g} or more, or do not compile."
+            )
 
     def no_sync(self, model: nn.Module) -> ContextManager:
         """DDP's own no_sync: gradients accumulate locally until a backward outside it."""
