@@ -28,27 +28,20 @@ import paraflow
 STEPS, GLOBAL_BATCH, WIDTH, BLOCKS, SEED = 3, 8, 256, 4, 4321  # 2.1 MB of float64 parameters
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x):
-        return x + torch.tanh(self.fc(x))
-
-
 class Net(nn.Module):
+    """An input layer, BLOCKS residual tanh layers (FSDP shards each, in a ModuleList), a head."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.embed = nn.Linear(4, WIDTH)
-        self.h = nn.ModuleList(Block() for _ in range(BLOCKS))
-        self.head = nn.Linear(WIDTH, 3)
+        sizes = [(4, WIDTH)] + [(WIDTH, WIDTH)] * BLOCKS + [(WIDTH, 3)]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in sizes)
 
     def forward(self, x):
-        x = self.embed(x)
-        for block in self.h:
-            x = block(x)
-        return self.head(x)
+        first, *middle, last = self.layers
+        x = first(x)
+        for layer in middle:
+            x = x + torch.tanh(layer(x))
+        return last(x)
 
 
 def build(backend, order: str, graphs: list):
