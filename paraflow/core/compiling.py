@@ -8,7 +8,7 @@ the module inside.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -26,6 +26,8 @@ __all__ = [
     "refuse_eager_under_compile",
     "skipped_by_compiler",
     "skipped_message",
+    "compile_forwards",
+    "compiler_of",
 ]
 
 #: The keyword arguments of torch.compile that ``compile={...}`` passes through.
@@ -99,7 +101,8 @@ def refuse_skipped_inner_module(module: nn.Module, wrapper: str = "ddp") -> None
     Raises:
         ConfigurationError: the module's forward is one torch's compiler skips.
     """
-    if compiled_parts(module)[1] is None and skipped_by_compiler(module):
+    forward_compiled = "forward" in vars(module)  # compile_forwards did it
+    if compiled_parts(module)[1] is None and not forward_compiled and skipped_by_compiler(module):
         raise ConfigurationError(skipped_message(module, wrapper))
 
 
@@ -114,14 +117,48 @@ def skipped_by_compiler(module: nn.Module) -> bool:
         return False
 
 
+def compile_forwards(modules: list, compiler: Callable[[Callable], Callable]) -> None:
+    """Compile, in place, the forward of each of `modules` that torch's compiler would skip.
+
+    Under FSDP2 each sharded module's hooks break the graph, and the compiler then meets the
+    module's forward as a frame of its own: one of torch's own (``nn.TransformerEncoderLayer``)
+    would run eagerly. Its forward compiled by itself, the hooks stay outside the graphs.
+    """
+    for module in modules:
+        if skipped_by_compiler(module) and "forward" not in vars(module):
+            module.forward = compiler(module.forward)
+
+
+def compiler_of(compiled: nn.Module) -> Callable[[Callable], Callable]:
+    """What compiles a function as torch.compile compiled `compiled` (an OptimizedModule): its options.
+
+    Raises:
+        ConfigurationError: this torch keeps no such record.
+    """
+    context = getattr(compiled, "dynamo_ctx", None)
+    if context is None:
+        raise ConfigurationError(
+            "this torch's compiled module does not say how it was compiled, so fsdp cannot compile its sharded "
+            "blocks alike: pass the module itself with the options, backend.wrap_model(model, compile={...})."
+        )
+    return context
+
+
 def skipped_message(module: nn.Module, wrapper: str) -> str:
     """Why torch.compile would leave `module` uncompiled under `wrapper`, and what to do instead."""
     name = type(module).__name__
+    if wrapper == "fsdp-root":
+        return (
+            f"fsdp cannot compile this {name} whole: FSDP2's hooks on its sharded blocks break the graph, and "
+            f"torch's compiler runs the rest of torch's own {name}.forward eagerly after each break. Hold the "
+            f"{name} in a module of your own whose forward calls it (or its blocks), then compile."
+        )
     if wrapper == "fsdp":
         return (
-            f"torch.compile would not compile this {name} under fsdp: FSDP2's hooks break the graph, and "
-            f"torch's compiler skips torch's own modules' forwards after them, so it would run eagerly. Give "
-            f"the model a forward of your own (a class of your own holding the {name}), or train it eagerly."
+            f"torch.compile around the fsdp model would not compile this {name}: FSDP2's hooks break the graph, "
+            f"and torch's compiler skips torch's own modules' forwards after them, so it would run eagerly. Let "
+            f"paraflow compile it, which compiles each sharded module's forward: backend.wrap_model(model, "
+            f"compile=True), or backend.wrap_model(torch.compile(model))."
         )
     return (
         f"torch.compile around the DDP model would not compile the {name} inside it: torch's compiler "

@@ -161,17 +161,55 @@ def test_a_torch_module_that_would_run_eagerly_under_the_compiler_is_refused(nam
 
 
 @pytest.mark.timeout(120)
-def test_ddp_compiles_a_torch_module_in_its_own_order():
+@pytest.mark.parametrize("name", ["ddp-gloo", "fsdp"])
+@pytest.mark.parametrize("order", ["compile_option", "wrap_compiled"])
+def test_a_torch_module_compiles_in_paraflows_order(name, order):
+    """Every operation of torch's own modules runs compiled: ddp compiles inside DDP, fsdp
+    compiles each sharded block's forward (FSDP2's hooks break the graph around each)."""
     calls = []
 
     def counting(gm, example_inputs):
-        calls.append(gm)
+        calls.append(sum(node.op == "call_function" for node in gm.graph.nodes))
         return gm.forward
 
-    with paraflow.init("ddp-gloo", num_threads=1, banner=False) as backend:
-        model = backend.wrap_model(nn.Sequential(nn.Linear(4, 4)), compile={"backend": counting})
-        model(torch.randn(2, 4)).sum().backward()
+    def stack():
+        torch.manual_seed(0)
+        # each block different: the compiler would reuse one block's graph for the next, uncounted
+        blocks = [nn.Sequential(nn.Linear(64, 64), activation()) for activation in (nn.Tanh, nn.ReLU, nn.Sigmoid)]
+        return nn.Sequential(*blocks) if name == "ddp-gloo" else _Stack(blocks)  # fsdp: see the next test
+
+    torch._dynamo.reset()
+    whole = torch.compile(stack(), backend=counting)
+    whole(torch.randn(2, 64)).sum().backward()
+    operations = sum(calls)
+    calls.clear()
+    torch._dynamo.reset()  # else the same code, compiled above, would not reach the backend again
+    with paraflow.init(name, num_threads=1, banner=False, blocks="Sequential") as backend:
+        if order == "compile_option":
+            model = backend.wrap_model(stack(), compile={"backend": counting})
+        else:
+            model = backend.wrap_model(torch.compile(stack(), backend=counting))
+        model(torch.randn(2, 64)).sum().backward()
     assert calls, "the compile backend was not called"
+    assert sum(calls) >= operations, f"graphs of {calls} operations, the whole model has {operations}: some ran eagerly"
+
+
+class _Stack(nn.Module):
+    def __init__(self, blocks: list) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_refuses_to_compile_a_torch_module_whose_blocks_it_shards():
+    with paraflow.init("fsdp", num_threads=1, banner=False, blocks="Linear") as backend:
+        with pytest.raises(ConfigurationError, match="module of your own"):
+            backend.wrap_model(nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4)), compile=True)
 
 
 @pytest.mark.timeout(60)

@@ -21,8 +21,10 @@ from torch import nn
 
 from ...core.compiling import (
     CompileOption,
+    compile_forwards,
     compile_model,
     compile_options,
+    compiler_of,
     refuse_eager_under_compile,
     skipped_by_compiler,
     skipped_message,
@@ -131,8 +133,6 @@ class FSDPBackend(TorchDistributedBackend):
         if compiled is not None and options_to_compile is not None:
             compile_model(compiled, options_to_compile)  # raises: compiling a compiled model
         model = uncompiled(model)
-        if (compiled is not None or options_to_compile is not None) and skipped_by_compiler(model):
-            raise ConfigurationError(skipped_message(model, "fsdp"))
         if isinstance(model, FSDPModule) or is_sharded(model):
             raise ConfigurationError("this model is already sharded; call wrap_model once per model.")
         model = model.to(self.device)
@@ -150,13 +150,19 @@ class FSDPBackend(TorchDistributedBackend):
             "reshard_after_forward": self.reshard_after_forward,
         }
         blocks = choose_blocks(model, self.blocks, self.min_block_params)
+        if blocks and (compiled is not None or options_to_compile is not None) and skipped_by_compiler(model):
+            raise ConfigurationError(skipped_message(model, "fsdp-root"))
         for block in blocks:
             fully_shard(block, **options)
         fully_shard(model, **options)
         model.paraflow_blocks = [name for name, m in model.named_modules() if any(m is b for b in blocks)]
-        model.register_forward_pre_hook(refuse_eager_under_compile, prepend=True)  # torch.compile(wrapped)
+        for sharded in [*blocks, model]:  # a torch.compile(wrapped) that would leave one eager is refused
+            sharded.register_forward_pre_hook(refuse_eager_under_compile, prepend=True)
         if compiled is not None:  # sharded in place inside it: its first forward compiles the shards
+            compile_forwards([*blocks, model], compiler_of(compiled))
             return self._mark_model(compiled)
+        if options_to_compile is not None:
+            compile_forwards([*blocks, model], lambda forward: torch.compile(forward, **options_to_compile))
         return self._mark_model(compile_model(model, options_to_compile))
 
     def wrap_optimizer(
