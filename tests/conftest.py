@@ -98,6 +98,7 @@ LONG_CASES = {
     "tests/training/test_train_flags.py::test_uneven_shards_join_and_checkpoint_after_the_join[horovod]",
     "tests/training/test_uneven.py::test_skewed_ranks_finish_with_the_same_model_and_optimizer[horovod-mpirun]",
     "tests/training/test_compiled.py::test_torchs_own_compiler_trains_singles_parameters_on_ddp",
+    "tests/training/test_compiled.py::test_train_py_compile_runs_as_the_docs_print_it",
 }
 
 

@@ -12,10 +12,12 @@ The worker, tests/workers/compiled.py, trains every order in one job per backend
 """
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import WORKERS, launch_ok, requires_gpu, requires_horovod
+from conftest import ROOT, WORKERS, launch_ok, requires_gpu, requires_horovod
 from torch import nn
 
 import paraflow
@@ -143,6 +145,20 @@ def test_torchs_own_compiler_trains_singles_parameters_on_ddp(tmp_path, compile_
     params, reports = run(tmp_path, "ddp-gloo", ["inductor"], compile_cache, timeout=540)["inductor"]
     assert_close(params, single)
     assert all(report["type"] == "CheckedDistributedDataParallel" for report in reports)
+
+
+TRAIN_COMMAND = "paraflow run -n 2 --backend fsdp train.py --compile --epochs 1"
+
+
+@pytest.mark.timeout(300)
+def test_train_py_compile_runs_as_the_docs_print_it(no_leftovers, compile_cache):
+    assert TRAIN_COMMAND in (ROOT / "docs" / "compile.md").read_text()
+    cmd = [sys.executable, "-m", "paraflow.cli", *TRAIN_COMMAND.split()[1:]]
+    done = subprocess.run(
+        cmd, env={**no_leftovers, **compile_cache}, cwd=str(ROOT), capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "held-out accuracy" in done.stdout + done.stderr
 
 
 # ---------------------------------------------------------------- in this process

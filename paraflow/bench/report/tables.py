@@ -551,13 +551,14 @@ def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10,
                         estimates.append(best_est)
     _scale(rows, estimates, noisy)
     order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in rows))}
-    ranked = sorted(
+    cell = {c: i for i, c in enumerate(dict.fromkeys((r["backend"], r["launcher"], r["processes"]) for r in rows))}
+    ranked = sorted(  # a compiled row right after the eager one of its cell
         range(len(rows)),
         key=lambda i: (
             order[rows[i]["model"]],
             scalings.index(rows[i]["scaling"]),
             rows[i]["backend"] != "single",
-            rows[i]["backend"],
+            cell[rows[i]["backend"], rows[i]["launcher"], rows[i]["processes"]],
             rows[i]["compiled"] == "yes",
         ),
     )
