@@ -151,7 +151,8 @@ def main(argv=None) -> dict:
         loader = DataLoader(
             train_set, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator().manual_seed(args.seed)
         )
-        model = backend.wrap_model(build_model(args.model), compile=args.compile)
+        # compile= only when asked: a backend registered from outside may predate it
+        model = backend.wrap_model(build_model(args.model), **({"compile": True} if args.compile else {}))
         optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), model)
         scaler = backend.grad_scaler()
         # Where the next batch starts, in samples of the epoch over all ranks (so a run may resume

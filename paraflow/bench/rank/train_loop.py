@@ -257,7 +257,7 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         batches = itertools.repeat((inputs, targets))
     facts = model_facts(module)
     compiled = bool(getattr(settings, "compile", False))
-    model = backend.wrap_model(module, compile=compiled or None)
+    model = backend.wrap_model(module, **({"compile": True} if compiled else {}))  # a plugin may predate compile=
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
     marks: dict = {}
     step = make_step(model, optimizer, device, marks, loss_fn)
