@@ -28,7 +28,7 @@ pytestmark = pytest.mark.xdist_group("compiled")
 
 SCRIPT = WORKERS / "compiled.py"
 COUNTED = ("wrap_compiled", "compile_wrapped", "compile_option")
-ORDERS = (*COUNTED, "eager")
+ORDERS = (*COUNTED, "eager", "checkpoint")
 RUNS = {
     "single": ("single", "python", 1),
     "dp": ("dp", "python", 1),
@@ -100,6 +100,15 @@ def test_the_guard_eager_training_compiles_nothing_and_matches_single(trained, k
     params, reports = trained(kind, "eager")
     assert all(report["graphs"] == [] for report in reports)
     assert_close(params, trained("single", "eager")[0])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", _kinds("single", "ddp-gloo", "horovod", "fsdp"))
+def test_a_checkpoint_of_a_compiled_model_has_the_modules_keys_and_loads_into_a_compiled_one(trained, kind):
+    params, reports = trained(kind, "checkpoint")
+    for report in reports:
+        assert report["keys"] == sorted(params) and not any("_orig_mod" in k for k in report["keys"])
+        assert report["restored"], "the loaded parameters differ from the saved ones"
 
 
 @pytest.mark.timeout(300)

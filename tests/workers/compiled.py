@@ -7,6 +7,7 @@ Each ORDER trains a fresh model in the same job:
     compile_option   backend.wrap_model(model, compile={"backend": counting})
     inductor         backend.wrap_model(model, compile=True): torch's own compiler, C++ included
     eager            backend.wrap_model(model)
+    checkpoint       compile_option, then backend.save, and backend.load into a fresh compiled model
 `counting` is a compile backend that counts the graphs it is given and runs them as traced.
 Every global batch is drawn from the step number; rank r of n takes rows [r*B/n, (r+1)*B/n),
 one process the whole batch. Per ORDER, rank 0 writes OUTDIR/ORDER.pt (the final parameters)
@@ -60,7 +61,7 @@ def build(backend, order: str, graphs: list):
         return backend.wrap_model(torch.compile(model, backend=counting))
     if order == "compile_wrapped":
         return torch.compile(backend.wrap_model(model), backend=counting)
-    if order == "compile_option":
+    if order in ("compile_option", "checkpoint"):
         return backend.wrap_model(model, compile={"backend": counting})
     if order == "inductor":
         return backend.wrap_model(model, compile=True)
@@ -83,12 +84,24 @@ def train(backend, out: str, order: str) -> None:
         F.cross_entropy(model(x[rows]), y[rows]).backward()
         grads.append(sum(float(p.grad.double().sum()) for p in model.parameters() if not hasattr(p, "full_tensor")))
         optimizer.step()
-    state = backend.unwrap(model).state_dict()
-    state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
+    state = full_state(backend, model)
     if backend.is_main:
         torch.save({k: v.cpu() for k, v in state.items()}, f"{out}.pt")
+    report = {"graphs": graphs, "grads": grads, "type": type(model).__name__}
+    if order == "checkpoint":  # the keys are the module's own, and a fresh compiled model loads them
+        backend.save(f"{out}.ckpt", {"model": model, "optimizer": optimizer})
+        fresh = build(backend, order, [])
+        again = backend.wrap_optimizer(torch.optim.SGD(fresh.parameters(), lr=0.3, momentum=0.9), fresh)
+        backend.load(f"{out}.ckpt", {"model": fresh, "optimizer": again})
+        loaded = full_state(backend, fresh)
+        report.update(keys=sorted(loaded), restored=all(torch.equal(loaded[k], state[k]) for k in state))
     with open(f"{out}.rank{r}.json", "w") as f:
-        json.dump({"graphs": graphs, "grads": grads, "type": type(model).__name__}, f)
+        json.dump(report, f)
+
+
+def full_state(backend, model) -> dict:
+    state = backend.unwrap(model).state_dict()
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
 
 
 def main(name: str, outdir: str, orders: str) -> None:
