@@ -103,3 +103,8 @@ def test_the_compile_flag(argv, expected):
 def test_a_wrong_compile_value_names_the_accepted_ones():
     with pytest.raises(ConfigurationError, match="no,yes"):
         BenchConfig(compile=["maybe"])
+
+
+def test_a_script_compiles_its_model_itself():
+    with pytest.raises(ConfigurationError, match="--compile need the built-in loop"):
+        BenchConfig(script=str(ROOT / "train.py"), compile=["no", "yes"])

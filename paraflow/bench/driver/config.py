@@ -338,10 +338,10 @@ class BenchConfig:
 
         if not Path(self.script).is_file():
             raise ConfigurationError(f"--script {self.script}: no such file; give the path of your training script.")
-        if self.tune or self.trace or self.scaling != ["weak"]:
+        if self.tune or self.trace or self.scaling != ["weak"] or self.compile != ["no"]:
             raise ConfigurationError(
-                "--script times your script as it is: --tune, --trace and --scaling strong need the built-in "
-                "loop (drop them, or benchmark a --model instead)."
+                "--script times your script as it is: --tune, --trace, --scaling strong and --compile need the "
+                "built-in loop (drop them, or benchmark a --model instead; a script compiles its model itself)."
             )
         self.models = [ModelSpec(str(self.script), (), "script")]
         self.allreduce = self.overhead = False
