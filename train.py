@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="autocast dtype (fp16: with loss scaling)")
     p.add_argument("--compression", choices=COMPRESSIONS, default="none", help="gradient dtype on the wire")
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model, in the order the backend wants (docs/compile.md)",
+    )
+    p.add_argument(
         "--drop-last",
         action="store_true",
         help="leave out the len(data) %% ranks remainder each epoch so every rank gets equal shards",
@@ -146,7 +151,8 @@ def main(argv=None) -> dict:
         loader = DataLoader(
             train_set, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator().manual_seed(args.seed)
         )
-        model = backend.wrap_model(build_model(args.model))
+        # compile= only when asked: a backend registered from outside may predate it
+        model = backend.wrap_model(build_model(args.model), **({"compile": True} if args.compile else {}))
         optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), model)
         scaler = backend.grad_scaler()
         # Where the next batch starts, in samples of the epoch over all ranks (so a run may resume

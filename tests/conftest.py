@@ -99,6 +99,10 @@ LONG_CASES = {
     "tests/training/test_resume.py::test_resumed_run_is_bitwise_equal_to_the_straight_run[horovod]",
     "tests/training/test_train_flags.py::test_uneven_shards_join_and_checkpoint_after_the_join[horovod]",
     "tests/training/test_uneven.py::test_skewed_ranks_finish_with_the_same_model_and_optimizer[horovod-mpirun]",
+    "tests/bench/test_bench_compile.py::test_each_backend_has_an_eager_and_a_compiled_row_with_intervals",
+    "tests/bench/test_bench_compile.py::test_the_compiled_launches_ran_compiled_models",
+    "tests/training/test_compiled.py::test_torchs_own_compiler_trains_singles_parameters_on_ddp",
+    "tests/training/test_compiled.py::test_train_py_compile_runs_as_the_docs_print_it",
 }
 
 

@@ -7,6 +7,7 @@ import warnings
 import torch
 from torch import nn
 
+from ..core.compiling import CompileOption, compile_model, compile_options, uncompiled
 from ..errors import ConfigurationError
 from .single import SingleProcessBackend
 
@@ -45,18 +46,27 @@ class DataParallelBackend(SingleProcessBackend):
                 stacklevel=3,
             )
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module, compile: CompileOption = None) -> nn.Module:
         """Move `model` to the first GPU and wrap it in nn.DataParallel.
 
         With no GPU, torch's DataParallel keeps no device ids and calls the module directly.
+        `compile` compiles the module inside DataParallel; over several GPUs, whose replicas
+        DataParallel copies at every forward, a compiled model is refused (use ddp-nccl).
         """
-        if isinstance(model, nn.DataParallel):
+        options = compile_options(compile)
+        if isinstance(uncompiled(model), nn.DataParallel):
             raise ConfigurationError(
                 "wrap_model was given a model it already wrapped (nn.DataParallel); wrapping it again would nest "
                 "DataParallel in DataParallel. Pass the module itself (backend.unwrap(model)), or keep using the "
                 "wrapped one."
             )
-        model = model.to(self.device)
+        if (options is not None or uncompiled(model) is not model) and self.device.type == "cuda" and self._gpus() > 1:
+            raise ConfigurationError(
+                "dp over several GPUs cannot train a compiled model: DataParallel copies the module to each GPU "
+                "at every forward, which torch.compile does not follow. Use ddp-nccl (`paraflow run ddp-nccl "
+                "train.py --compile`), or dp without compiling."
+            )
+        model = compile_model(model.to(self.device), options)
         if self.device.type != "cuda":
             return nn.DataParallel(model)
         ids = self.options.get("device_ids") or list(range(torch.cuda.device_count()))

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..core.backend import Backend
+from ..core.compiling import CompileOption, compile_model, compile_options
 
 __all__ = ["SingleProcessBackend"]
 
@@ -19,9 +20,9 @@ class SingleProcessBackend(Backend):
     def _init(self) -> None:
         pass
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Move `model` to the device; nothing else."""
-        return model.to(self.device)
+    def wrap_model(self, model: nn.Module, compile: CompileOption = None) -> nn.Module:
+        """Move `model` to the device, and with `compile`, return ``torch.compile(model, **compile)``."""
+        return compile_model(model.to(self.device), compile_options(compile))
 
     # Collectives for a single process: every result is this process's own tensor.
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:

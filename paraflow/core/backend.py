@@ -24,6 +24,7 @@ from ..reliability.translation import translate_escaped_error
 from ..training.precision import check_precision, check_precision_on
 from .banner import banner_enabled, banner_line
 from .collectives import Collectives
+from .compiling import CompileOption, uncompiled
 from .current import clear_current, set_current
 from .features import TrainingFeatures
 from .options import (
@@ -86,7 +87,8 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     The contract a subclass fills (docs/architecture.md, "Where things go"):
 
     - ``_init()``: start communication; ``_shutdown()``: stop it.
-    - ``wrap_model(model)``: move and wrap the model for gradient synchronisation.
+    - ``wrap_model(model, compile=None)``: move and wrap the model for gradient synchronisation,
+      compiling it in the backend's order when asked (:mod:`paraflow.core.compiling`).
     - ``_allreduce(tensor, op)``, ``_broadcast(tensor, src)``, ``_allgather(tensor)``, optionally
       ``_barrier()``: one library collective each, behind the public collectives.
     - optionally ``wrap_optimizer``, ``no_sync``, ``join``, ``transport``, ``unavailable_reason``,
@@ -247,7 +249,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
 
     # ---------------------------------------------------------------- training
     @abc.abstractmethod
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module, compile: CompileOption = None) -> nn.Module:
         """Move `model` to this process's device and wrap it for gradient synchronisation.
 
         Every rank starts from rank 0's parameters. `ddp`: `DistributedDataParallel` with the
@@ -256,6 +258,17 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         `wrap_optimizer` returns; `dp`: `nn.DataParallel`; `single`: the model itself. Train and
         call the model it returns; `unwrap` gives back your own module (for `state_dict`,
         attributes).
+
+        Args:
+            model: the module; it may be compiled already (`torch.compile(model)`), and the
+                returned model may be compiled too (`torch.compile(backend.wrap_model(model))`):
+                both orders train the same parameters (see the compiled-models page).
+            compile: True, or a dict of `torch.compile` arguments (`mode`, `dynamic`,
+                `backend`, `fullgraph`, `options`, `disable`), to compile in the order this
+                backend wants; None or False (default) leaves the model as it is.
+
+        Raises:
+            ConfigurationError: `compile` is not one of those, or asks to compile a compiled model.
         """
 
     def wrap_optimizer(
@@ -277,8 +290,9 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         return optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's own module inside whatever `wrap_model` returned."""
-        return getattr(model, "module", model)
+        """The user's own module inside whatever `wrap_model` returned (and torch.compile's wrapper)."""
+        inner = uncompiled(model)
+        return uncompiled(getattr(inner, "module", inner))
 
     def no_sync(self, model: nn.Module) -> ContextManager:
         """Context in which backward passes accumulate gradients locally without communicating.

@@ -222,6 +222,8 @@ class _ForwardMarker(_Marker):
     def __init__(self, activity: Activity, start: bool) -> None:
         self.activity, self.start = activity, start
 
+    # Never traced by torch.compile (it reads the caller's frame): a compiled model runs it eagerly.
+    @torch.compiler.disable
     def __call__(self, module: torch.nn.Module, *_: object) -> None:
         activity = self.activity
         if activity is None:

@@ -108,6 +108,7 @@ def test_every_cell_ran_and_every_column_is_filled(run):
         optional = {"comm_overhead"} if row["backend"] == "single" else set()
         optional |= {"peak_cuda_mb"} if row["device"] == "cpu" else set()
         optional |= {"speedup"} if row["scaling"] == "weak" else set()
+        optional |= {"compile_s"} if row["compiled"] == "no" else set()
         no_prediction = row["processes"] == 1 or row.get("setting", "default") != "default"  # no sweep; tuned
         optional |= {"predicted_step_ms", "prediction_error"} if no_prediction else set()
         assert all(row[k] is not None for k in TRAINING_COLUMNS if k not in optional), row

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ...core.compiling import CompileOption, compile_model, compile_options, refuse_skipped_inner_module, uncompiled
 from ...errors import ConfigurationError
 from ...reliability.translation import collective_errors
 from ...training.object_collectives import copy_state_from
@@ -58,19 +59,24 @@ class DDPBackend(TorchDistributedBackend):
     def _before_destroy(self) -> None:
         release_continuations()  # a gloo thread still releasing a hook's continuation needs the GIL
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module, compile: CompileOption = None) -> nn.Module:
         """Move `model` to this rank's device and wrap it in DistributedDataParallel.
 
         DDP's constructor broadcasts rank 0's parameters and buffers: a rank that does not join
-        it fails with CollectiveTimeoutError after the timeout.
+        it fails with CollectiveTimeoutError after the timeout. `compile` compiles the module
+        inside DDP (``DDP(torch.compile(model))``): torch's compiler still splits its graph at
+        DDP's buckets, so gradients are sent while backward runs.
         """
         self._live()
-        if isinstance(model, DistributedDataParallel):
+        options = compile_options(compile)
+        if isinstance(uncompiled(model), DistributedDataParallel):
             raise ConfigurationError(
                 "wrap_model was given a model it already wrapped (DistributedDataParallel); wrapping it again "
                 "would nest DDP in DDP. Pass the module itself (backend.unwrap(model)), or keep using the wrapped one."
             )
-        model = model.to(self.device)
+        if options is not None or uncompiled(model) is not model:
+            self._check_buckets_for_compiler()
+        model = compile_model(model.to(self.device), options)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         with collective_errors(self, "wrap_model (DDP's broadcast of rank 0's parameters and buffers)"):
             wrapped = CheckedDistributedDataParallel(model, device_ids=device_ids, **self.ddp_options)
@@ -78,6 +84,16 @@ class DDPBackend(TorchDistributedBackend):
         if self.compression != "none":  # gradients cross at half their size (comm_hooks.compress_hook)
             wrapped.register_comm_hook(state=None, hook=compress_hook(HALF_DTYPES[self.compression]))
         return self._mark_model(wrapped)
+
+    def _check_buckets_for_compiler(self) -> None:
+        """torch's compiler splits a DDP model's graph at its buckets, none under the first (1 MB)."""
+        first_mb = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", 0) / 2**20
+        if self.ddp_options.get("bucket_cap_mb", 25) < first_mb:
+            raise ConfigurationError(
+                f"bucket_cap_mb={self.ddp_options['bucket_cap_mb']} is smaller than DDP's first bucket "
+                f"({first_mb:g} MB), which torch's compiler does not accept for a compiled model: pass "
+                f"bucket_cap_mb={first_mb:g} or more, or do not compile."
+            )
 
     def no_sync(self, model: nn.Module) -> ContextManager:
         """DDP's own no_sync: gradients accumulate locally until a backward outside it."""
@@ -188,7 +204,10 @@ class CheckedDistributedDataParallel(DistributedDataParallel):
     paraflow_backend_name = "ddp"
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        """DistributedDataParallel.forward, with its unused-parameter error translated."""
+        """DistributedDataParallel.forward, with its unused-parameter error translated; under
+        ``torch.compile``, refused where the compiler would leave the module inside uncompiled."""
+        if torch.compiler.is_compiling():
+            refuse_skipped_inner_module(self.module)
         try:
             return super().forward(*inputs, **kwargs)
         except RuntimeError as exc:

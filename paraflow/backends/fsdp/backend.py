@@ -19,6 +19,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ...core.compiling import (
+    CompileOption,
+    compile_forwards,
+    compile_model,
+    compile_options,
+    compiler_of,
+    refuse_eager_under_compile,
+    skipped_by_compiler,
+    skipped_message,
+    uncompiled,
+)
 from ...core.options import check_count
 from ...errors import ConfigurationError
 from ...training.no_sync import forward_decided_sync
@@ -107,13 +118,21 @@ class FSDPBackend(TorchDistributedBackend):
         return None
 
     # ---------------------------------------------------------------- model and optimizer
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module, compile: CompileOption = None) -> nn.Module:
         """Move `model` to this rank's device, copy rank 0's weights, shard each block, then the root.
 
-        The module is changed in place (its parameters become DTensor shards) and returned.
+        The module is changed in place (its parameters become DTensor shards) and returned;
+        compiled after sharding, as FSDP2 wants, with `compile`. A model compiled before
+        (``torch.compile(model)``) has its module sharded inside the compiled wrapper, which is
+        returned: it compiles the sharded module, with the options it was given.
         """
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
+        options_to_compile = compile_options(compile)
+        compiled = model if uncompiled(model) is not model else None
+        if compiled is not None and options_to_compile is not None:
+            compile_model(compiled, options_to_compile)  # raises: compiling a compiled model
+        model = uncompiled(model)
         if isinstance(model, FSDPModule) or is_sharded(model):
             raise ConfigurationError("this model is already sharded; call wrap_model once per model.")
         model = model.to(self.device)
@@ -131,11 +150,20 @@ class FSDPBackend(TorchDistributedBackend):
             "reshard_after_forward": self.reshard_after_forward,
         }
         blocks = choose_blocks(model, self.blocks, self.min_block_params)
+        if blocks and (compiled is not None or options_to_compile is not None) and skipped_by_compiler(model):
+            raise ConfigurationError(skipped_message(model, "fsdp-root"))
         for block in blocks:
             fully_shard(block, **options)
         fully_shard(model, **options)
         model.paraflow_blocks = [name for name, m in model.named_modules() if any(m is b for b in blocks)]
-        return self._mark_model(model)
+        for sharded in [*blocks, model]:  # a torch.compile(wrapped) that would leave one eager is refused
+            sharded.register_forward_pre_hook(refuse_eager_under_compile, prepend=True)
+        if compiled is not None:  # sharded in place inside it: its first forward compiles the shards
+            compile_forwards([*blocks, model], compiler_of(compiled))
+            return self._mark_model(compiled)
+        if options_to_compile is not None:
+            compile_forwards([*blocks, model], lambda forward: torch.compile(forward, **options_to_compile))
+        return self._mark_model(compile_model(model, options_to_compile))
 
     def wrap_optimizer(
         self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None
@@ -143,6 +171,7 @@ class FSDPBackend(TorchDistributedBackend):
         """`optimizer` over `model`'s sharded parameters: the same one if built after wrap_model,
         else one rebuilt with the same class, param groups and hyperparameters. Without `model`,
         the model wrap_model sharded from the optimizer's parameters."""
+        model = None if model is None else uncompiled(model)
         if model is None:
             if is_sharded(optimizer):
                 return super().wrap_optimizer(optimizer)
@@ -158,8 +187,8 @@ class FSDPBackend(TorchDistributedBackend):
         return super().wrap_optimizer(rebuilt, model)  # the stall report sees its steps
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The model itself: fully_shard changes it in place."""
-        return model
+        """The model itself (fully_shard changes it in place), without torch.compile's wrapper."""
+        return uncompiled(model)
 
     def no_sync(self, model: nn.Module) -> ContextManager:
         """FSDP's gradient-sync switch off for backward passes inside, and for those of forwards
@@ -167,6 +196,7 @@ class FSDPBackend(TorchDistributedBackend):
         unsharded on each rank, uncommunicated, until the backward of a forward outside."""
         from torch.distributed.fsdp import FSDPModule
 
+        model = uncompiled(model)
         if not isinstance(model, FSDPModule):
             raise ConfigurationError("no_sync needs the model returned by wrap_model (a sharded module).")
 
@@ -239,7 +269,7 @@ class FSDPBackend(TorchDistributedBackend):
         saved = {}
         for key, value in state.items():
             if isinstance(value, nn.Module) and is_sharded(value):
-                saved[key] = full_model_state(value)
+                saved[key] = full_model_state(uncompiled(value))
             elif isinstance(value, torch.optim.Optimizer) and is_sharded(value):
                 saved[key] = full_optimizer_state(self._owner(value, state), value)
             else:
@@ -257,7 +287,7 @@ class FSDPBackend(TorchDistributedBackend):
                 raise ConfigurationError(f"checkpoint {path} has no entry {key!r}; it has: {', '.join(saved)}.")
             try:
                 if isinstance(target, nn.Module):
-                    load_full_model_state(target, saved[key])
+                    load_full_model_state(uncompiled(target), saved[key])
                 else:
                     load_full_optimizer_state(self._owner(target, state), target, saved[key])
             except (RuntimeError, KeyError, ValueError) as exc:

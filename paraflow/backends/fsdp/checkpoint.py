@@ -35,6 +35,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ...core.compiling import uncompiled
 from ...errors import CheckpointError, ConfigurationError
 from ...reliability.stall import stall_facts
 from ...training.checkpoint import (
@@ -273,7 +274,7 @@ def is_sharded(value: Any) -> bool:
     if isinstance(value, nn.Module):
         from torch.distributed.fsdp import FSDPModule
 
-        return isinstance(value, FSDPModule)
+        return isinstance(uncompiled(value), FSDPModule)
     if isinstance(value, torch.optim.Optimizer):
         from torch.distributed.tensor import DTensor
 
@@ -291,6 +292,7 @@ def reshard(values: Any) -> None:
     from torch.distributed.fsdp import FSDPModule
 
     for value in values:
+        value = uncompiled(value) if isinstance(value, nn.Module) else value
         if isinstance(value, FSDPModule):
             for module in value.modules():
                 if isinstance(module, FSDPModule):

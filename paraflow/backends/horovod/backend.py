@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ...core.backend import Backend
+from ...core.compiling import CompileOption, compile_model, compile_options, uncompiled
 from ...core.options import check_number, check_one_of
 from ...environment.launchers import ProcessEnvironment
 from ...errors import CollectiveError, ConfigurationError, ParaflowError
@@ -209,22 +210,24 @@ class HorovodBackend(Backend):
             )
 
     # ---------------------------------------------------------------- training
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap_model(self, model: nn.Module, compile: CompileOption = None) -> nn.Module:
         """Move `model` to this rank's device and give every rank rank 0's parameters and buffers.
 
         Horovod puts no wrapper around the model; gradients are averaged by the optimizer that
-        :meth:`wrap_optimizer` returns.
+        :meth:`wrap_optimizer` returns, from hooks on the parameters' gradient accumulators,
+        which a compiled backward still runs. `compile` compiles the model after the broadcast.
         """
         hvd = self._horovod()
+        options = compile_options(compile)
         model = model.to(self.device)
         what = "broadcast of the model's parameters and buffers in wrap_model"
         with self.horovod_errors(what), self.bounded(what):
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        return self._mark_model(model)
+            hvd.broadcast_parameters(uncompiled(model).state_dict(), root_rank=0)
+        return self._mark_model(compile_model(model, options))
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The model itself: horovod does not wrap it."""
-        return model
+        """The model itself (horovod does not wrap it), without torch.compile's wrapper."""
+        return uncompiled(model)
 
     def wrap_optimizer(
         self, optimizer: torch.optim.Optimizer, model: Optional[nn.Module] = None

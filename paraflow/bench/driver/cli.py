@@ -132,6 +132,16 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     what.add_argument("--batch-size", type=int, default=32, help="samples per process per step (default: 32)")
     what.add_argument(
+        "--compile",
+        type=_list,
+        nargs="?",
+        const=["no", "yes"],
+        default=["no"],
+        metavar="no,yes",
+        help="train eager (no), compiled with torch.compile through wrap_model(model, compile=True) (yes), or both "
+        "side by side; --compile alone means no,yes (default: no)",
+    )
+    what.add_argument(
         "--scaling", type=_list, default=["weak"], metavar="MODES", help="weak, strong or weak,strong (default: weak)"
     )
     what.add_argument(

@@ -199,6 +199,8 @@ class BenchConfig:
         tune: also launch every setting of the backends' communication knobs (tune.py).
         tune_values: knob -> values, replacing tune.TUNE_GRID's for that knob.
         tune_seconds: launches of tuning settings stop once they have taken this long.
+        compile: "no", "yes" or both: each training cell eager, compiled (``wrap_model(model,
+            compile=True)``), or both side by side.
     """
 
     backends: Optional[list] = None
@@ -245,6 +247,7 @@ class BenchConfig:
     tune: bool = False
     tune_values: dict = field(default_factory=dict)
     tune_seconds: float = 300.0
+    compile: list = field(default_factory=lambda: ["no"])
 
     def __post_init__(self) -> None:
         from ...examples.data import DATASETS
@@ -269,6 +272,8 @@ class BenchConfig:
             raise ConfigurationError(f"process counts {self.nprocs}: give positive integers, e.g. --nprocs 1,2.")
         if not self.models:
             raise ConfigurationError("no models to benchmark; give at least one, e.g. --model mlp.")
+        if not self.compile or set(self.compile) - {"no", "yes"}:
+            raise ConfigurationError(f"compile={self.compile}: give no, yes or no,yes (e.g. --compile no,yes).")
         if self.min_window < 0:
             raise ConfigurationError(f"min_window={self.min_window}: must be zero or more seconds.")
         if self.timeout <= 0:
@@ -333,10 +338,10 @@ class BenchConfig:
 
         if not Path(self.script).is_file():
             raise ConfigurationError(f"--script {self.script}: no such file; give the path of your training script.")
-        if self.tune or self.trace or self.scaling != ["weak"]:
+        if self.tune or self.trace or self.scaling != ["weak"] or self.compile != ["no"]:
             raise ConfigurationError(
-                "--script times your script as it is: --tune, --trace and --scaling strong need the built-in "
-                "loop (drop them, or benchmark a --model instead)."
+                "--script times your script as it is: --tune, --trace, --scaling strong and --compile need the "
+                "built-in loop (drop them, or benchmark a --model instead; a script compiles its model itself)."
             )
         self.models = [ModelSpec(str(self.script), (), "script")]
         self.allreduce = self.overhead = False

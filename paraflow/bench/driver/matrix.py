@@ -1,4 +1,5 @@
-"""Which launches a benchmark run makes: backends x launchers x process counts, repeated, plus extras.
+"""Which launches a benchmark run makes: backends x launchers x process counts (x eager, compiled),
+repeated, plus extras.
 
 One launch (a cell) runs one backend under one launcher with one process count, and times
 every model in turn (then, with two or more processes, the collective sweep). Every training
@@ -45,11 +46,12 @@ class Cell:
     repeat: int = 0  # which launch of the same cell (1, 2, ...); 0 for cells launched once
     options: tuple = ()  # backend options as sorted (name, value) pairs (a tuning setting)
     overhead: Optional[ModelSpec] = None  # the model of paraflow against a raw loop, after training
+    compiled: bool = False  # the models go through wrap_model(model, compile=True)
 
     @property
     def group(self) -> str:
         """The cell's name without its repeat number: launches of one group are pooled."""
-        suffix = f"-{self.tag}" if self.tag else ""
+        suffix = ("-compiled" if self.compiled else "") + (f"-{self.tag}" if self.tag else "")
         if self.kind == "memcpy":
             return "memcpy" + suffix
         return f"{self.backend}-{self.launcher}-{self.nproc}{suffix}"
@@ -68,7 +70,7 @@ class Cell:
         what = ", ".join(m.label for m in self.models) + (" + collective sweep" if self.sweep else "")
         if self.overhead is not None:
             what += f" + abstraction overhead ({self.overhead.label})"
-        launch = f" · launch {self.repeat}" if self.repeat else ""
+        launch = (" · compiled" if self.compiled else "") + (f" · launch {self.repeat}" if self.repeat else "")
         aa = "A/A check: " if self.tag == "aa" else ""
         if self.options:
             aa = f"tuning {', '.join(f'{k}={v}' for k, v in self.options)}: "
@@ -177,9 +179,13 @@ def build_matrix(
                 )  # fsdp's collectives are ddp's: sweep once
                 sweep = config.allreduce and n >= 2 and swept not in sweeps
                 sweeps.add(swept)
-                train_cells.append(Cell("train", name, launcher, n, threads, models, sweep=sweep))
-                if raw and launcher == cls.LAUNCHERS[0] and n in (min(config.nprocs), max(config.nprocs)):
-                    measured.add(train_cells[-1].group)
+                for compiled in [mode == "yes" for mode in config.compile]:
+                    first = compiled == (config.compile[0] == "yes")  # the sweep and overhead ride on one
+                    train_cells.append(
+                        Cell("train", name, launcher, n, threads, models, sweep=sweep and first, compiled=compiled)
+                    )
+                    if raw and first and launcher == cls.LAUNCHERS[0] and n in (min(config.nprocs), max(config.nprocs)):
+                        measured.add(train_cells[-1].group)
 
     if config.allreduce and any(c.sweep for c in train_cells):
         matrix.cells.append(Cell("memcpy", None, "python", 1, threads))
@@ -195,9 +201,12 @@ def build_matrix(
         )
     if config.trace:
         widest = max((c.nproc for c in train_cells if c.nproc >= 2), default=0)
-        matrix.cells.extend(replace(c, sweep=False, tag="trace") for c in train_cells if c.nproc == widest)
+        matrix.cells.extend(
+            replace(c, sweep=False, tag="trace") for c in train_cells if c.nproc == widest and not c.compiled
+        )
     if config.tune:
         from .tune import tune_cells
 
-        matrix.cells.extend(tune_cells(train_cells, config.tune_values, lambda b: _backend_class(b).OPTIONS))
+        eager = [c for c in train_cells if not c.compiled]
+        matrix.cells.extend(tune_cells(eager, config.tune_values, lambda b: _backend_class(b).OPTIONS))
     return matrix

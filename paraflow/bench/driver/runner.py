@@ -108,6 +108,7 @@ class CellResult:
             "sweep": c.sweep,
             "overhead": None if c.overhead is None else str(c.overhead),
             "options": dict(c.options),
+            "compiled": c.compiled,
             "command": command_line(self.command, self.env),
             "status": self.status,
             "error": self.error,
@@ -158,6 +159,7 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
         args += ["--classes", str(config.classes)]
     for key, value in cell.options:
         args += ["--option", f"{key}={value}"]
+    args += ["--compile"] if cell.compiled else []
     args += trace_args(cell, out_dir)
     if cell.sweep:
         args += ["--sweep-sizes", ",".join(map(str, config.sizes))]

@@ -256,7 +256,8 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         step_batch = per_rank = batch_samples(inputs)
         batches = itertools.repeat((inputs, targets))
     facts = model_facts(module)
-    model = backend.wrap_model(module)
+    compiled = bool(getattr(settings, "compile", False))
+    model = backend.wrap_model(module, **({"compile": True} if compiled else {}))  # a plugin may predate compile=
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
     marks: dict = {}
     step = make_step(model, optimizer, device, marks, loss_fn)
@@ -266,7 +267,10 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         device_sync(device)
         return float(loss)
 
+    compile_s, first_loss = first_step(one_step) if compiled else (None, None)  # compiles: apart from warm-up
     warm = warm_up(backend, one_step, max(1, warmup), max_warmup_s)
+    if compiled:  # losses count steps from the first, as eager ones do
+        warm["warmup_losses"].insert(0, first_loss)
     min_steps = steps
     steps = timed_steps(warm["warmup_s"], min_steps, min_window_s)
     backend.barrier()
@@ -285,6 +289,8 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
     result = {
         "model": spec.label,
         "model_spec": str(spec),
+        "compiled": compiled,
+        "compile_s": compile_s,
         **facts,
         "batch_per_rank": per_rank,
         "samples_per_step": step_batch,
@@ -317,6 +323,15 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         result["trace"] = write_trace(backend, step, batches, settings.trace, name)
     backend.barrier()
     return result
+
+
+def first_step(run_step: Callable[[], float]) -> tuple[float, float]:
+    """(seconds, loss) of the first step of a compiled model, where torch.compile traces and
+    compiles it (a graph per DDP bucket, the backward's too): its compile time, kept out of
+    warm-up and of the timed window."""
+    start = time.perf_counter()
+    loss = run_step()
+    return time.perf_counter() - start, loss
 
 
 WINDOW = 5

@@ -71,6 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome trace of a few steps per model here")
     p.add_argument("--option", action="append", default=[], help="backend option KEY=VALUE (repeatable)")
+    p.add_argument("--compile", action="store_true", help="wrap_model(model, compile=True)")
     return p.parse_args(argv)
 
 

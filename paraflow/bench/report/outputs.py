@@ -160,6 +160,7 @@ def _sections(results: dict, fmt: str) -> list:
         )
         hidden = TRAINING_HIDDEN + (("speedup",) if scaling == "weak" else ())
         hidden += ("setting",) if all(r.get("setting", "default") == "default" for r in rows) else ()
+        hidden += ("compiled", "compile_s") if all(r.get("compiled", "no") == "no" for r in rows) else ()
         hidden += ("peak_cuda_mb",) if all(r.get("peak_cuda_mb") is None for r in rows) else ()
         title = f"Training: {model}, {scaling} scaling ({about})"
         sections.append((title, render(rows, TRAINING_COLUMNS, fmt, drop=hidden)))

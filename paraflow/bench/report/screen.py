@@ -32,6 +32,11 @@ def _name(text: str) -> str:
     return text.replace(" · ", "·")
 
 
+def _run(row: dict) -> str:
+    """A training row's `backend · launcher`, with `· compiled` for a compiled model's (as the verdict names it)."""
+    return f"{row['backend']} · {row['launcher']}" + (" · compiled" if row.get("compiled") == "yes" else "")
+
+
 def _backend(name: str) -> str:
     return name.split(" · ")[0]
 
@@ -75,7 +80,7 @@ def headlines(verdict: list, training: Optional[list] = None) -> list:
         if entry["processes"] >= widest.get(entry["model"], {"processes": 0})["processes"]:
             widest[entry["model"]] = entry
     rows = {
-        (r["model"], f"{r['backend']} · {r['launcher']}", r["processes"]): r
+        (r["model"], _run(r), r["processes"]): r
         for r in training or []
         if r.get("scaling", "weak") == "weak" and r.get("setting", "default") == "default"
     }
@@ -110,7 +115,7 @@ def compact_rows(training: list) -> list:
         rows.append(
             {
                 "model": row["model"],
-                "run": f"{row['backend']}·{row['launcher']}",
+                "run": _name(_run(row)),
                 "processes": row["processes"],
                 "samples": samples,
                 "step": interval_text(row.get("step_ms_median"), fmt=".3g"),

@@ -21,6 +21,12 @@ candidate is kept in the `tuning` table. A setting measured once has an interval
 alone, and picking the lowest of several noisy figures favours a lucky launch: the tuned row is
 optimistic by that much.
 
+Compiled rows (``paraflow bench --compile no,yes``): each backend's cell launched again with
+``wrap_model(model, compile=True)``, its row beside the eager one with the same figures and
+intervals, efficiency against the compiled single row. Compile s is the slowest rank's first step,
+where torch.compile compiles, run before warm-up and never timed: the median over launches, with
+their lowest and highest.
+
 Step breakdown
 --------------
 
@@ -313,6 +319,7 @@ TRAINING_COLUMNS = {
     "backend": "backend",
     "launcher": "launcher",
     "setting": "setting",
+    "compiled": "compiled",
     "transport": "transport",
     "device": "device",
     "processes": "procs",
@@ -333,6 +340,7 @@ TRAINING_COLUMNS = {
     "comm_overhead": "comm overhead",
     **BREAKDOWN_COLUMNS,
     "warmup_steps": "warm-up steps",
+    "compile_s": "compile s",
     "peak_cuda_mb": "peak CUDA MB/rank",
     "peak_mem_mb": "peak RSS MB/rank",
     "model_state_mb": "model state MB",
@@ -402,6 +410,7 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
         launcher=first["launcher"],
         processes=first["nproc"],
         setting=DEFAULT_SETTING,
+        compiled="yes" if first.get("compiled") else "no",
         transport=meta.get("transport"),
         device=device_name(meta["device"]) if meta.get("device") else None,
         threads_per_process=meta.get("torch_threads", first["threads"]),
@@ -435,6 +444,7 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
         step_ms_p10=rounded(metrics.percentile(pooled, 10) * 1e3, 3),
         step_ms_p90=rounded(metrics.percentile(pooled, 90) * 1e3, 3),
         warmup_steps=max(t[0].get("warmup", 0) for _, t in found),
+        **_compile_s(found),
         peak_mem_mb=_peak_mb([t for _, ts in found for t in ts], "peak_rss_bytes"),
         peak_cuda_mb=_peak_mb([t for _, ts in found for t in ts], "peak_cuda_bytes"),
         model_state_mb=_model_state_mb([t for _, ts in found for t in ts]),
@@ -442,6 +452,19 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
     )
     row["_replicas"] = t0.get("replicas", first["nproc"])
     return row, {"step": step, "x": x, "comm": comm}
+
+
+def _compile_s(found: list) -> dict:
+    """Seconds of a compiled model's first step (its compile), the slowest rank's per launch: the
+    median over launches, with their lowest and highest (none for an eager row)."""
+    per_launch = [max(t.get("compile_s") or 0.0 for t in tasks) for _, tasks in found]
+    if not any(t.get("compile_s") is not None for _, tasks in found for t in tasks):
+        return {}
+    return {
+        "compile_s": rounded(statistics.median(per_launch), 3),
+        "compile_s_low": rounded(min(per_launch), 3),
+        "compile_s_high": rounded(max(per_launch), 3),
+    }
 
 
 def _peak_mb(tasks: list, key: str) -> Optional[float]:
@@ -482,12 +505,15 @@ def _noisy(est: dict, bound: float) -> str:
 
 
 def _scale(rows: list, estimates: list, noisy: float) -> None:
-    """Efficiency (and speedup for strong scaling) against the single row of the same model, device and scaling."""
+    """Efficiency (and speedup for strong scaling) against the single row of the same model, device,
+    scaling and compilation."""
     base = {
-        (r["model"], r["device"], r["scaling"]): e for r, e in zip(rows, estimates) if r["backend"] == "single" and e
+        (r["model"], r["device"], r["scaling"], r["compiled"]): e
+        for r, e in zip(rows, estimates)
+        if r["backend"] == "single" and e
     }
     for row, est in zip(rows, estimates):
-        baseline = base.get((row["model"], row["device"], row["scaling"]))
+        baseline = base.get((row["model"], row["device"], row["scaling"], row["compiled"]))
         replicas = row.pop("_replicas", row["processes"])
         if est:
             row["noisy"] = _noisy(est, noisy)
@@ -525,9 +551,16 @@ def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10,
                         estimates.append(best_est)
     _scale(rows, estimates, noisy)
     order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in rows))}
-    ranked = sorted(
+    cell = {c: i for i, c in enumerate(dict.fromkeys((r["backend"], r["launcher"], r["processes"]) for r in rows))}
+    ranked = sorted(  # a compiled row right after the eager one of its cell
         range(len(rows)),
-        key=lambda i: (order[rows[i]["model"]], scalings.index(rows[i]["scaling"]), rows[i]["backend"] != "single"),
+        key=lambda i: (
+            order[rows[i]["model"]],
+            scalings.index(rows[i]["scaling"]),
+            rows[i]["backend"] != "single",
+            cell[rows[i]["backend"], rows[i]["launcher"], rows[i]["processes"]],
+            rows[i]["compiled"] == "yes",
+        ),
     )
     return [rows[i] for i in ranked], [estimates[i] for i in ranked]
 

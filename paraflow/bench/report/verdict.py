@@ -47,7 +47,7 @@ def overhead_verdict(paired: tuple, control: tuple, target: float = OVERHEAD_TAR
 
 
 def _name(row: dict) -> str:
-    return f"{row['backend']} · {row['launcher']}"
+    return f"{row['backend']} · {row['launcher']}" + (" · compiled" if row.get("compiled") == "yes" else "")
 
 
 def compare_pair(fast: intervals.Estimate, slow: intervals.Estimate, threshold: float = 0.0) -> tuple:
