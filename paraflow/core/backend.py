@@ -88,7 +88,7 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
 
     - ``_init()``: start communication; ``_shutdown()``: stop it.
     - ``wrap_model(model, compile=None)``: move and wrap the model for gradient synchronisation,
-      compiling it in the backend's order when asked (:mod:`paraflow.core.compiling`).
+      compiling it in the backend's order when asked (`paraflow.core.compiling`).
     - ``_allreduce(tensor, op)``, ``_broadcast(tensor, src)``, ``_allgather(tensor)``, optionally
       ``_barrier()``: one library collective each, behind the public collectives.
     - optionally ``wrap_optimizer``, ``no_sync``, ``join``, ``transport``, ``unavailable_reason``,
