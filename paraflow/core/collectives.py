@@ -135,7 +135,9 @@ class Collectives:
         """The barrier that ends the job, as one allgather of each rank's count and digest of its
         public collectives; raises the same CollectiveError on every rank when they differ."""
         mine = torch.tensor([self.collective_count, self.calls_digest], dtype=torch.int64, device=self.device)
-        rows = [tuple(row.tolist()) for row in self._allgather(mine)]
+        gathered = self._allgather(mine)
+        _wait_until_released([mine, *gathered])
+        rows = [tuple(row.tolist()) for row in gathered]
         if len(set(rows)) > 1:
             raise recorded_mismatch_error(
                 f"the check at the end of the job on rank {self.rank} of {self.world_size} (backend {self.name}) "
@@ -193,3 +195,23 @@ class Collectives:
         if not isinstance(tensor, torch.Tensor):
             raise ConfigurationError(f"{collective} takes a torch.Tensor, got {type(tensor).__name__}.")
         self._live()
+
+
+#: The longest the end of the job waits for the library to let go of its last collective's tensors.
+RELEASE_WAIT_S = 5.0
+
+
+def _wait_until_released(tensors: list) -> None:
+    """Wait, with the GIL released, until the library holds none of `tensors` any more (at most
+    RELEASE_WAIT_S).
+
+    A library thread (gloo's) lets go of a collective's tensors only after the caller's wait has
+    returned, and letting go of a tensor Python made takes the GIL. After the job's last collective
+    the main thread may soon hold the GIL for good: joining that very thread while the process
+    group is freed with the model (a deadlock), or ending the interpreter, which ends a thread
+    asking for the GIL inside a C++ destructor (the process aborts: "terminate called without an
+    active exception", after a run that did all its work).
+    """
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while any(t._use_count() > 1 for t in tensors) and time.monotonic() < deadline:
+        time.sleep(0.001)

@@ -157,7 +157,7 @@ def _split_comment(line: str) -> tuple:
 
 def starts_a_job(command: str) -> bool:
     words = PageCommand("", command, "", ".").program
-    if words[1:3] == ["-m", "pytest"]:  # the test suite, not a job
+    if words[1:2] == ["-m"] and words[2:3] in (["pytest"], ["venv"], ["pip"]):  # the tests, or setting up: no job
         return False
     return bool(words) and (
         os.path.basename(words[0]) in LAUNCHERS
