@@ -143,13 +143,7 @@ def detect_environment(env: Optional[Mapping[str, str]] = None) -> ProcessEnviro
                 f"started this process. Launch with `torchrun --nproc_per_node N train.py` or "
                 f"`mpirun -np N python train.py`, or unset {', '.join(stray)} to run one process."
             )
-        return ProcessEnvironment(launcher.name, *_generic_master(env))
     return launcher.environment(env)
-
-
-def _generic_master(env: Mapping[str, str]) -> tuple:
-    port = env.get("MASTER_PORT")
-    return 0, 1, 0, 1, env.get("MASTER_ADDR") or None, int(port) if port else None
 
 
 def job_key(env: Mapping[str, str]) -> Optional[str]:
