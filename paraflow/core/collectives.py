@@ -212,6 +212,9 @@ def _wait_until_released(tensors: list) -> None:
     asking for the GIL inside a C++ destructor (the process aborts: "terminate called without an
     active exception", after a run that did all its work).
     """
+    if not all(hasattr(t, "_use_count") for t in tensors):  # a torch that does not say: give the thread a moment
+        time.sleep(0.05)
+        return
     deadline = time.monotonic() + RELEASE_WAIT_S
     while any(t._use_count() > 1 for t in tensors) and time.monotonic() < deadline:
         time.sleep(0.001)
