@@ -170,7 +170,7 @@ class TorchDistributedBackend(Backend):
 
     def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         work = self._on_comm_device(tensor)
-        out = [torch.empty_like(work) for _ in range(self.world_size)]
+        out = [torch.empty_like(work) for _ in range(self.env.world_size)]
         dist.all_gather(out, work)
         return [t.to(tensor.device) for t in out]
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..environment.launchers import ProcessEnvironment, detect_environment
 from ..environment.launchers.openmpi import apply_mpi_yield
-from ..errors import BackendUnavailableError, NotInitializedError
+from ..errors import BackendUnavailableError
 from ..reliability.activity import attach_markers, attach_step_marker
 from ..reliability.collective_check import debug_enabled
 from ..reliability.last_words import LastWordsWatch, end_last_words, start_last_words
@@ -335,14 +335,6 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
         if self.env is None:
             raise self._not_initialized()
         return self.env
-
-    def _live(self) -> None:
-        """Raise NotInitializedError unless communication has started and the backend is not shut down."""
-        if not self._connected:
-            raise self._not_initialized()
-
-    def _not_initialized(self) -> NotInitializedError:
-        return NotInitializedError(f"backend {self.name!r} is not initialised (or was shut down); call init() first.")
 
 
 def _already_synchronized() -> None:

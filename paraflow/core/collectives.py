@@ -14,24 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import time
+import zlib
 from collections import deque
 from typing import Any, Callable, ContextManager
 
 import torch
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, NotInitializedError
 from ..reliability.activity import call_site
 from ..reliability.collective_check import (
     check_same_call,
     decode_calls,
     encode_calls,
-    fold,
     recorded_mismatch_error,
 )
 from ..reliability.translation import raise_translated
 from .options import REDUCE_OPS
 
-__all__ = ["Collectives"]
+__all__ = ["Collectives", "fold"]
 
 
 class Collectives:
@@ -44,7 +44,7 @@ class Collectives:
     collective_count = 0
     #: This rank's phase for the stall report (paraflow.reliability.activity); None in one process.
     _activity = None
-    #: This rank's public collectives folded into one number (collective_check.fold).
+    #: This rank's public collectives folded into one number (:func:`fold`).
     calls_digest = 0
     _digest_before = 0
     #: How many of its first and of its latest calls a rank keeps, to name a mismatch found later.
@@ -100,10 +100,10 @@ class Collectives:
                     check_same_call(self, self.collective_count, collective, tensor, argument, site)
                 self._keep_call(collective, tensor, argument, site)
             return run()
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:
             if activity is not None:
                 activity.failed()
-            raise_translated(self, collective, exc, started)
+            self._raise_failure(collective, tensor, argument, exc, started)
             raise
         finally:
             if activity is not None:
@@ -175,6 +175,12 @@ class Collectives:
         """Block until every rank arrives (default: a one-element allreduce)."""
         self._allreduce(torch.zeros(1, device=self.device), "sum")
 
+    def _raise_failure(self, collective: str, tensor: Any, argument: Any, exc: Exception, started: float) -> None:
+        """Raise the paraflow error for the library's `exc` in a public `collective` (begun at
+        time.monotonic() `started`), the one translation it gets; return to let `exc` go unchanged."""
+        if isinstance(exc, RuntimeError):
+            raise_translated(self, collective, exc, started)
+
     # ---------------------------------------------------------------- input checks
     def _check_allreduce(self, tensor: Any, op: str) -> None:
         self._check_tensor(tensor, "allreduce")
@@ -188,13 +194,37 @@ class Collectives:
 
     def _check_broadcast(self, tensor: Any, src: int) -> None:
         self._check_tensor(tensor, "broadcast")
-        if not 0 <= src < self.world_size:
-            raise ConfigurationError(f"broadcast src={src} is outside ranks 0..{self.world_size - 1}.")
+        world_size = self.env.world_size  # the launcher's (the public call checked the backend is live)
+        if not 0 <= src < world_size:
+            raise ConfigurationError(f"broadcast src={src} is outside ranks 0..{world_size - 1}.")
 
     def _check_tensor(self, tensor: Any, collective: str) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise ConfigurationError(f"{collective} takes a torch.Tensor, got {type(tensor).__name__}.")
         self._live()
+
+    def _live(self) -> None:
+        """Raise NotInitializedError unless communication has started and the backend is not shut down."""
+        if not self._connected:
+            raise self._not_initialized()
+
+    def _not_initialized(self) -> NotInitializedError:
+        return NotInitializedError(f"backend {self.name!r} is not initialised (or was shut down); call init() first.")
+
+
+_CODES: dict = {}  # (collective, dtype, argument) -> a code that is the same in every process
+
+
+def fold(digest: int, collective: str, dtype: Any, shape: tuple, argument: Any) -> int:
+    """`digest` with one call folded in: equal on two ranks only if their calls were (the code of
+    the strings is a CRC, since Python's str hash differs from process to process)."""
+    key = (collective, dtype, argument)
+    code = _CODES.get(key)
+    if code is None:
+        if len(_CODES) > 4096:
+            _CODES.clear()
+        code = _CODES[key] = zlib.crc32(repr(key).encode())
+    return hash((digest, code, shape))  # torch.Size hashes as the tuple of its sizes
 
 
 #: The longest the end of the job waits for the library to let go of its last collective's tensors.

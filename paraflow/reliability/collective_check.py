@@ -29,7 +29,6 @@ import json
 import math
 import os
 import sys
-import zlib
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -47,7 +46,6 @@ __all__ = [
     "describe",
     "mismatch_error",
     "Call",
-    "fold",
     "encode_calls",
     "decode_calls",
     "recorded_mismatch_error",
@@ -198,24 +196,11 @@ def mismatch_error(collective: str, rank: int, calls: list[Optional[Call]]) -> C
 
 # ---------------------------------------------------------------- found after the fact
 # Without the check, each rank folds every public collective it makes into a digest (no
-# communication) and keeps its first and latest calls. The end of the job compares the digests in
-# the final barrier's place (one allgather), so a mismatch the library let through (gloo's
-# broadcast into a larger tensor completes) still fails the job, naming each rank's call; horovod's
-# own mismatch error is completed the same way with every rank's call.
-_CODES: dict = {}  # (collective, dtype, argument) -> a code that is the same in every process
+# communication: paraflow.core.collectives.fold) and keeps its first and latest calls. The end of the
+# job compares the digests in the final barrier's place (one allgather), so a mismatch the library
+# let through (gloo's broadcast into a larger tensor completes) still fails the job, naming each
+# rank's call; horovod's own mismatch error is completed the same way with every rank's call.
 _RECORD_BYTES = 8192  # the JSON of one rank's kept calls, zero-padded
-
-
-def fold(digest: int, collective: str, dtype: Any, shape: tuple, argument: Any) -> int:
-    """`digest` with one call folded in: equal on two ranks only if their calls were (the code of
-    the strings is a CRC, since Python's str hash differs from process to process)."""
-    key = (collective, dtype, argument)
-    code = _CODES.get(key)
-    if code is None:
-        if len(_CODES) > 4096:
-            _CODES.clear()
-        code = _CODES[key] = zlib.crc32(repr(key).encode())
-    return hash((digest, code, shape))  # torch.Size hashes as the tuple of its sizes
 
 
 def encode_calls(records: list[tuple]) -> torch.Tensor:

@@ -1,4 +1,6 @@
-"""Every public collective gives exact results and is one library collective (two with the check)."""
+"""Every public collective gives exact results and is one library collective (two with the check),
+reached through at most three paraflow files: the public call, its per-call record, the backend's
+one-call method."""
 
 import pytest
 from conftest import WORKERS, launch_ok, read_rank_json, requires_horovod
@@ -14,6 +16,9 @@ MIXED_CALLS = 24  # tests/workers/collective_paths.py: mixed_calls
 def test_exact_results_and_one_library_collective_per_public_call(backend, launcher, tmp_path):
     launch_ok(launcher, 2, [WORKERS / "collective_paths.py", backend, tmp_path], timeout=200)
     for result in read_rank_json(tmp_path, 2):
+        for collective, way in result["traced"].items():
+            assert way["library"], (collective, "the library's collective was never entered", way)
+            assert len(way["files"]) <= 3 and "core/collectives.py" in way["files"], (collective, way["files"])
         for mode in ("plain", "checked"):
             assert sorted(result[mode]) == ["1024", "3", "5000"]
             for n, checks in result[mode].items():

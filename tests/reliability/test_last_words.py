@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from paraflow.reliability.activity import read_record
 from paraflow.reliability.last_words import (
     JOB_DIR_ENV,
     compose,
@@ -16,7 +17,6 @@ from paraflow.reliability.last_words import (
     fault_signal,
     job_directory,
     prune,
-    read_record,
     report_dead_ranks,
 )
 
@@ -26,7 +26,7 @@ DYING_RANK = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     import torch
-    from paraflow.reliability.last_words import LastWords, RecordedActivity
+    from paraflow.reliability.activity import LastWords, RecordedActivity
 
     activity = RecordedActivity(LastWords(Path(sys.argv[1]), int(sys.argv[2]), 2))
     model = torch.nn.Linear(2, 2)
@@ -132,7 +132,7 @@ def test_a_rank_reads_no_record_older_than_itself(tmp_path, monkeypatch):
     from paraflow.reliability import last_words
 
     earlier = subprocess.run(
-        [sys.executable, "-c", "import os, sys; from pathlib import Path; from paraflow.reliability.last_words "
+        [sys.executable, "-c", "import os, sys; from pathlib import Path; from paraflow.reliability.activity "
          "import LastWords; LastWords(Path(sys.argv[1]), 0, 2); os._exit(0)", str(tmp_path)],
         timeout=90,
     )  # fmt: skip

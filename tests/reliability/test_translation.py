@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from paraflow.backends.ddp.backend import unused_parameters_error
+from paraflow.core.collectives import fold
 from paraflow.errors import CollectiveError, CollectiveTimeoutError, ConfigurationError, LauncherError
 from paraflow.reliability.collective_check import (
     _call,
@@ -17,7 +18,6 @@ from paraflow.reliability.collective_check import (
     decode_calls,
     describe,
     encode_calls,
-    fold,
     recorded_mismatch_error,
 )
 from paraflow.reliability.deadlines import DeadlineExceeded, call_with_deadline, spin_until
@@ -195,7 +195,7 @@ def test_spin_until_sleeping_returns_when_done_and_fails_after_the_deadline():
 
 _FOLD_CALLS = """
 import torch
-from paraflow.reliability.collective_check import fold
+from paraflow.core.collectives import fold
 digest = 0
 for call in [("allreduce", torch.float32, torch.Size([3]), "sum"), ("barrier", None, (), None),
              ("broadcast", torch.int64, torch.Size([]), 1), ("allgather", torch.bfloat16, torch.Size([2, 2]), None)]:

@@ -5,10 +5,13 @@ For each length, rank r contributes (r + 1) * (i % 7 - 3) at element i; every re
 compared here element by element with the value computed by hand, once without the cross-rank
 check and once with it. Then 24 mixed public calls from six lines run with the check off and
 with it on, counting the library's own collectives around them (the process group's sequence
-number under torch.distributed; None elsewhere). Everything goes to OUT/rank<R>.json.
+number under torch.distributed; None elsewhere). First of all, each public collective is traced
+with sys.setprofile from the call until the library's own collective is entered: which paraflow
+files ran on the way. Everything goes to OUT/rank<R>.json.
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +29,49 @@ def values(rank: int, n: int) -> torch.Tensor:
 
 def wrong(got, want) -> int:
     return int(want.numel()) if got.shape != want.shape else int((got != want).sum())
+
+
+#: Where each library's collectives begin: torch.distributed's functions, horovod's enqueues.
+LIBRARY_CALLS = {
+    "distributed_c10d.py": {"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "barrier"},
+    "mpi_ops.py": {"allreduce_async_", "broadcast_async_", "allgather_async", "barrier"},
+}
+
+
+def paraflow_files_on_the_way(call) -> dict:
+    """The paraflow files whose functions run from `call()` until the library's collective is
+    entered, and whether it was (sys.setprofile sees every Python function call)."""
+    package = os.path.dirname(paraflow.__file__) + os.sep
+    files, reached = set(), []
+
+    def profile(frame, event, _):
+        if reached or event != "call":
+            return
+        path = frame.f_code.co_filename
+        if frame.f_code.co_name in LIBRARY_CALLS.get(os.path.basename(path), ()):
+            reached.append(frame.f_code.co_name)
+        elif path.startswith(package):
+            files.add(path[len(package) :])
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return {"files": sorted(files), "library": reached[:1]}
+
+
+def traced(backend) -> dict:
+    """Each public collective's way to the library, on its first call from its line (nothing cached)."""
+    x = torch.ones(4)
+    return {
+        "allreduce": paraflow_files_on_the_way(lambda: backend.allreduce(x)),
+        "allreduce_": paraflow_files_on_the_way(lambda: backend.allreduce_(x)),
+        "broadcast": paraflow_files_on_the_way(lambda: backend.broadcast(x)),
+        "broadcast_": paraflow_files_on_the_way(lambda: backend.broadcast_(x)),
+        "allgather": paraflow_files_on_the_way(lambda: backend.allgather(x)),
+        "barrier": paraflow_files_on_the_way(backend.barrier),
+    }
 
 
 def exact(backend) -> dict:
@@ -87,7 +133,7 @@ def main(name: str, out: Path) -> None:
     with paraflow.init(name) as backend:
         assert not backend.check_collectives
         counter = library_collectives(backend)
-        results = {"plain": exact(backend), "count/plain": count(backend, counter)}
+        results = {"traced": traced(backend), "plain": exact(backend), "count/plain": count(backend, counter)}
         backend.check_collectives = True
         results["checked"] = exact(backend)
         results["count/checked"] = count(backend, counter)

@@ -300,36 +300,29 @@ class HorovodBackend(Backend):
         copy_state_from(self, stateful, src=last)
 
     # ---------------------------------------------------------------- collectives
-    # One horovod operation each, behind the public collectives (paraflow.core.collectives).
+    # One horovod operation each, behind the public collectives (paraflow.core.collectives), which
+    # translates a failure once, through _raise_failure.
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
-        what = f"allreduce ({op}) of a {_describe(tensor)}"
         hvd = self._started()
-        with self.horovod_errors(what):
-            handle = hvd.allreduce_async_(
-                tensor.contiguous(), name=f"paraflow.allreduce.{op}", op=getattr(hvd, _COLLECTIVE_OPS[op])
-            )
-            return self._wait(handle)
+        handle = hvd.allreduce_async_(
+            tensor.contiguous(), name=f"paraflow.allreduce.{op}", op=getattr(hvd, _COLLECTIVE_OPS[op])
+        )
+        return self._wait(handle)
 
     def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        what = f"broadcast from rank {src} of a {_describe(tensor)}"
         hvd = self._started()
-        with self.horovod_errors(what):
-            handle = hvd.broadcast_async_(tensor.contiguous(), root_rank=src, name=f"paraflow.broadcast.{src}")
-            return self._wait(handle)
+        return self._wait(hvd.broadcast_async_(tensor.contiguous(), root_rank=src, name=f"paraflow.broadcast.{src}"))
 
     def _allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         # One leading row per rank: horovod then requires every other dimension to agree.
-        what = f"allgather of a {_describe(tensor)}"
         hvd = self._started()
-        with self.horovod_errors(what):
-            handle = hvd.allgather_async(tensor.reshape(1, *tensor.shape), name="paraflow.allgather")
-            return list(self._wait(handle).unbind(0))
+        handle = hvd.allgather_async(tensor.reshape(1, *tensor.shape), name="paraflow.allgather")
+        return list(self._wait(handle).unbind(0))
 
-    def _barrier(self) -> None:
-        """Wait for every rank (horovod's barrier)."""
-        hvd = self._horovod()
-        with self.horovod_errors("barrier"), self.bounded("barrier"):
-            hvd.barrier()
+    def _raise_failure(self, collective: str, tensor: Any, argument: Any, exc: Exception, started: float) -> None:
+        what = {"allreduce": f"allreduce ({argument})", "broadcast": f"broadcast from rank {argument}"}
+        what = collective if tensor is None else f"{what.get(collective, collective)} of a {_describe(tensor)}"
+        self._raise_horovod_error(what, exc, started)
 
     # ---------------------------------------------------------------- helpers
     def _wait(self, handle: int) -> Any:
@@ -348,7 +341,9 @@ class HorovodBackend(Backend):
         except DeadlineExceeded:
             self._stuck = True
             raise
-        return hvd.synchronize(handle)
+        result = hvd.synchronize(handle)
+        self._progress_at = time.monotonic()
+        return result
 
     def bounded(self, what: str):
         """Context around a horovod wait that cannot be polled: once it outlives the timeout the
