@@ -47,7 +47,7 @@ def interleaved(backend, ours, theirs, calls: int, rounds: int) -> tuple:
 
 
 def collectives(backend, rounds: int) -> None:
-    raw = raw_loop(type(backend))  # the benchmark's sweep calls the library through the same object
+    raw = raw_loop(backend.name)  # the benchmark's sweep calls the library through the same object
     in_place = raw.allreduce_ if raw is not None else dist.all_reduce
     for label, n in SIZES.items():
         x = torch.ones(n)

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI  # owns MPI, so horovod can start once per round
 
 import paraflow
-from paraflow.bench.driver.config import ModelSpec
+from paraflow.bench.model_spec import ModelSpec
 from paraflow.bench.rank.overhead import run_overhead
 
 

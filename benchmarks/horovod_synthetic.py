@@ -30,7 +30,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]  # paraflow from a checkout; resnet
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 
-from paraflow.bench.driver.config import ModelSpec  # noqa: E402
+from paraflow.bench.model_spec import ModelSpec  # noqa: E402
 from paraflow.bench.rank.factory import batch_samples, build_factory, call_model  # noqa: E402
 
 

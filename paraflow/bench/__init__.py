@@ -9,9 +9,10 @@ matplotlib) are imported only when a run starts.
 
 from __future__ import annotations
 
-from .driver.config import BenchConfig, ModelSpec, message_sizes, parse_size
+from .driver.config import BenchConfig, message_sizes, parse_size
 from .driver.matrix import Cell, build_matrix
 from .driver.run import run_bench
+from .model_spec import ModelSpec
 from .report.tables import build_tables
 
 __all__ = [

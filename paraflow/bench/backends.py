@@ -1,61 +1,112 @@
-"""What the benchmark knows about each backend: its hand-written loop, which backends share their
-collectives, and which ones a default run leaves out. Keyed by backend class (a subclass inherits
-its base's entry); the backends themselves know nothing of the benchmark.
+"""What the benchmark knows about each backend, in one table keyed by the registered name: its
+hand-written loop, whose collectives it shares, when a default run leaves it out, whether its
+no-sync step still communicates, and its cost model (the messages a step sends, the allreduce
+algorithm per transport, a fixed wait per operation). The backends themselves know nothing of the
+benchmark. A backend registered elsewhere runs like any other; it has no hand-written loop to
+compare with, and the cost model says it has no model for it instead of predicting no communication.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["raw_loop", "collectives_key", "skip_reason", "no_sync_communicates"]
+__all__ = ["BenchFacts", "FACTS", "facts", "raw_loop", "collectives_key", "skip_reason", "no_sync_communicates"]
+
+#: Seconds horovod's background thread waits between cycles (HOROVOD_CYCLE_TIME's default since 0.21).
+HOROVOD_CYCLE_S = 1e-3
+
+
+@dataclass(frozen=True)
+class BenchFacts:
+    """One backend as the benchmark sees it."""
+
+    #: "module:Class" of the same training set up by hand on the raw library (the abstraction overhead).
+    raw_loop: Optional[str] = None
+    #: Whose code runs the public collectives: backends with the same owner are swept once per transport.
+    collectives: str = "own"
+    #: A default run leaves it out without a GPU (it would be a pass-through of single).
+    needs_gpu: bool = False
+    #: A step under ``no_sync`` still communicates (FSDP all-gathers its parameters).
+    no_sync_communicates: bool = False
+    #: The cost model's messages per step: "buckets" (DDP's gradient buckets), "fused" (horovod's
+    #: fusion buffer), "sharded" (FSDP's all-gathers and reduce-scatters per unit), "none" (one process).
+    messages: str = "none"
+    #: The allreduce algorithm per transport, where it is not a ring.
+    algorithms: Mapping[str, str] = field(default_factory=dict)
+    #: Seconds every operation waits whatever its size.
+    fixed_s: float = 0.0
+
 
 _BACKENDS = "paraflow.backends."
+_DDP = BenchFacts(raw_loop=_BACKENDS + "ddp.raw_loop:RawDDP", collectives="torch.distributed", messages="buckets")
 
-#: Backend class -> the same training set up by hand on the raw library, as the library's own
-#: guide does it (wrap, and the collectives the sweep times). The abstraction overhead compares
-#: a paraflow step with it; it runs on the library paraflow started.
-_RAW_LOOPS = {
-    _BACKENDS + "ddp.backend.DDPBackend": _BACKENDS + "ddp.raw_loop:RawDDP",
-    _BACKENDS + "fsdp.backend.FSDPBackend": _BACKENDS + "fsdp.raw_loop:RawFSDP",
-    _BACKENDS + "horovod.backend.HorovodBackend": _BACKENDS + "horovod.raw_loop:RawHorovod",
+FACTS: dict[str, BenchFacts] = {
+    "single": BenchFacts(),
+    "dp": BenchFacts(needs_gpu=True),
+    "ddp-gloo": _DDP,
+    "ddp-nccl": _DDP,
+    "fsdp": BenchFacts(
+        raw_loop=_BACKENDS + "fsdp.raw_loop:RawFSDP",
+        collectives="torch.distributed",
+        no_sync_communicates=True,
+        messages="sharded",
+    ),
+    "horovod": BenchFacts(
+        raw_loop=_BACKENDS + "horovod.raw_loop:RawHorovod",
+        messages="fused",
+        algorithms={"mpi": "rabenseifner"},  # horovod's MPI controller runs MPI_Allreduce
+        fixed_s=HOROVOD_CYCLE_S,
+    ),
 }
-_TORCH_DISTRIBUTED = _BACKENDS + "torch_distributed.TorchDistributedBackend"
-_DATA_PARALLEL = _BACKENDS + "dp.DataParallelBackend"
-_FSDP = _BACKENDS + "fsdp.backend.FSDPBackend"
 
 
-def _names(cls: type) -> list:
-    """The dotted names of `cls` and its bases, most derived first."""
-    return [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__]
+def facts(name: str) -> Optional[BenchFacts]:
+    """The benchmark's facts about registered backend `name` (an alias: its target's), or None."""
+    from ..core.registry import spec
+
+    known = FACTS.get(name)
+    if known is None and name:
+        try:
+            alias = spec(name).alias_of
+        except Exception:  # noqa: BLE001 - not registered here: nothing known
+            return None
+        known = FACTS.get(alias.split(" or ")[0]) if alias else None
+    return known
 
 
-def raw_loop(cls: type, **presets: Any) -> Optional[Any]:
-    """A new hand-written loop for backend class `cls`, or None where it has none."""
-    target = next((_RAW_LOOPS[n] for n in _names(cls) if n in _RAW_LOOPS), None)
-    if target is None:
+def raw_loop(name: str) -> Optional[Any]:
+    """A new hand-written loop for backend `name`, or None where it has none."""
+    known = facts(name)
+    if known is None or known.raw_loop is None:
         return None
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)()
+    module, _, cls = known.raw_loop.partition(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
-def collectives_key(cls: type, process_group: str = "auto", **_: Any) -> tuple:
+def collectives_key(name: str) -> tuple:
     """Backends with the same key run the same code for their public collectives, so the sweep
     times them once per launcher and process count: DDP and FSDP share torch.distributed's."""
-    if _TORCH_DISTRIBUTED in _names(cls):
+    known = facts(name)
+    if known is not None and known.collectives == "torch.distributed":
         from ..backends.torch_distributed import process_group_transport
+        from ..core.registry import spec
 
-        return ("torch.distributed", process_group_transport(process_group))
-    return (cls.__module__, cls.__qualname__)
+        return ("torch.distributed", process_group_transport(spec(name).presets.get("process_group", "auto")))
+    return (name,)
 
 
-def skip_reason(cls: type, cuda_devices: int, **_: Any) -> Optional[str]:
-    """Why a default run leaves backend class `cls` out on this host, or None."""
-    if _DATA_PARALLEL in _names(cls) and not cuda_devices:
-        return "no GPU: DataParallel would be a pass-through of single (ask for it with --backend dp)"
+def skip_reason(name: str, cuda_devices: int) -> Optional[str]:
+    """Why a default run leaves backend `name` out on this host, or None."""
+    known = facts(name)
+    if known is not None and known.needs_gpu and not cuda_devices:
+        return f"no GPU: {name} would be a pass-through of single (ask for it with --backend {name})"
     return None
 
 
-def no_sync_communicates(backend: Any) -> bool:
-    """Whether a step under ``no_sync`` still communicates (FSDP all-gathers its parameters)."""
-    return _FSDP in _names(type(backend))
+def no_sync_communicates(name: str) -> bool:
+    """Whether a step of backend `name` under ``no_sync`` still communicates."""
+    known = facts(name)
+    return known is not None and known.no_sync_communicates

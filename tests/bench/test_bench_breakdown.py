@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from paraflow.bench.driver.tune import TUNE_GRID, grid_for, option_value, parse_tune_values, tune_cells
+from paraflow.bench.driver.tune import TUNE_GRID, grid_for, parse_tune_values, tune_cells
+from paraflow.bench.model_spec import option_value
 from paraflow.bench.rank.train_loop import gradient_clock, pair_breakdown, step_parts, timed_synchronize
 from paraflow.bench.report.tables import SUMMED, breakdown_estimates, launch_parts, tuned_row
 from paraflow.errors import ConfigurationError

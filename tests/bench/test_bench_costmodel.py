@@ -127,6 +127,17 @@ def test_a_prediction_uses_the_rows_own_compute_gradient_and_fit():
     )
 
 
+def test_a_backend_the_benchmark_does_not_know_gets_a_no_cost_model_row_not_free_communication():
+    cells = [_cell("toy-backend", "torchrun", [0.010, 0.012, 0.011])]
+    rows = [_row("toy-backend", "torchrun")]
+    (detail,) = predict_rows(rows, [_fit("toy-backend", "torchrun")], cells)
+    assert detail["status"].startswith("no cost model for toy-backend") and "comm_ms" not in detail
+    assert "predicted_step_ms" not in rows[0]
+    assert project([detail]) == []
+    with pytest.raises(ConfigurationError, match="no cost model for toy-backend"):
+        messages("toy-backend", 1000)
+
+
 def test_messages_follow_each_backends_own_grouping():
     mib = 1024 * 1024
     assert [s for _, s in messages("ddp-gloo", 60 * mib)] == [mib, 25 * mib, 25 * mib, 9 * mib]

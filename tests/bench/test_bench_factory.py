@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from paraflow.bench.driver.config import BenchConfig, ModelSpec
+from paraflow.bench.driver.config import BenchConfig
+from paraflow.bench.model_spec import ModelSpec
 from paraflow.bench.rank.factory import batch_samples, build_factory, call_model, check_factory, take
 from paraflow.bench.rank.train_loop import make_step
 from paraflow.errors import ConfigurationError

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from paraflow.bench.driver.config import BenchConfig, ModelSpec, message_sizes, parse_size
+from paraflow.bench.driver.config import BenchConfig, message_sizes, parse_size
+from paraflow.bench.model_spec import ModelSpec
 from paraflow.bench.rank.sweep import count_wrong, expected, iterations_for, pattern
 from paraflow.bench.report import metrics
 from paraflow.errors import ConfigurationError

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from paraflow.bench.driver.config import BenchConfig, ModelSpec
+from paraflow.bench.driver.config import BenchConfig
 from paraflow.bench.driver.matrix import Cell
 from paraflow.bench.driver.runner import MPI_YIELD, OMP_WAIT, cell_env, command_line, worker_args
+from paraflow.bench.model_spec import ModelSpec
 from paraflow.errors import ConfigurationError
 
 MLP = (ModelSpec.parse("mlp:width=16"),)
@@ -115,8 +116,8 @@ def test_missing_tabulate_or_matplotlib_says_how_to_install(monkeypatch):
 
     import pytest
 
-    from paraflow.bench.report.outputs import require_tabulate
     from paraflow.bench.report.plots import require_pyplot
+    from paraflow.bench.report.tables import require_tabulate
     from paraflow.errors import MissingDependencyError
 
     monkeypatch.setitem(sys.modules, "tabulate", None)  # makes `import tabulate` fail

@@ -5,9 +5,10 @@ import time
 
 import pytest
 
-from paraflow.bench.driver.config import BenchConfig, ModelSpec
+from paraflow.bench.driver.config import BenchConfig
 from paraflow.bench.driver.matrix import Cell, build_matrix
 from paraflow.bench.driver.runner import failure_reason, run_extra_launches, wide_groups
+from paraflow.bench.model_spec import ModelSpec
 from paraflow.bench.report.tables import (
     OVERHEAD_COLUMNS,
     TRAINING_COLUMNS,

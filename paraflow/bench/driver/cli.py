@@ -67,7 +67,8 @@ def _split_script_args(parse_known_args):
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the benchmark's options and its compare/project modes to `p`."""
-    from .config import DEFAULT_MARGIN, DEFAULT_MODELS
+    from ..report.verdict import DEFAULT_MARGIN
+    from .config import DEFAULT_MODELS
 
     p.description = p.description or __doc__.splitlines()[0]
     p.epilog = (
@@ -386,7 +387,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         return compare_main(*args.runs)
     if mode == "project":
-        from ..report.costmodel import project_main
+        from ..report.project import project_main
 
         return project_main(args.run, plots=args.plots)
     from .run import run_bench

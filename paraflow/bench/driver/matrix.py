@@ -22,7 +22,8 @@ from ...core.placement import cores
 from ...core.registry import spec
 from ...errors import ConfigurationError, UnknownBackendError
 from .. import backends as bench_backends
-from .config import BenchConfig, ModelSpec
+from ..model_spec import ModelSpec
+from .config import BenchConfig
 
 __all__ = ["Cell", "Matrix", "build_matrix", "BASELINE"]
 
@@ -125,9 +126,7 @@ def build_matrix(
         names = []
         for name, reason in available.items():
             registration = spec(name)
-            skip = reason is None and bench_backends.skip_reason(
-                _backend_class(name), cuda_devices, **registration.presets
-            )
+            skip = reason is None and bench_backends.skip_reason(name, cuda_devices)
             if registration.alias_of:
                 matrix.skipped[name] = f"same as {registration.alias_of}"
             elif skip:
@@ -169,14 +168,11 @@ def build_matrix(
             counts = [n for n in counts if n <= limit]
         # the overhead: each backend with a hand-written loop, under its first launcher, at the
         # fewest and the most processes
-        raw = config.overhead and cls.MULTI_PROCESS and bench_backends.raw_loop(cls, **presets) is not None
+        known = bench_backends.facts(name)
+        raw = config.overhead and cls.MULTI_PROCESS and known is not None and known.raw_loop is not None
         for launcher in launchers:
             for n in counts:
-                swept = (
-                    bench_backends.collectives_key(cls, **presets),
-                    launcher,
-                    n,
-                )  # fsdp's collectives are ddp's: sweep once
+                swept = (bench_backends.collectives_key(name), launcher, n)  # fsdp's collectives are ddp's
                 sweep = config.allreduce and n >= 2 and swept not in sweeps
                 sweeps.add(swept)
                 for compiled in [mode == "yes" for mode in config.compile]:

@@ -14,9 +14,9 @@ from typing import Optional
 
 from ...core.placement import cores
 from ..report.header import binding_summary, cluster_line, collect_header
-from ..report.outputs import CSV_TABLES, markdown_report, require_tabulate, write_csvs, write_json
+from ..report.outputs import CSV_TABLES, markdown_report, write_csvs, write_json
 from ..report.screen import screen_report
-from ..report.tables import build_tables
+from ..report.tables import build_tables, require_tabulate
 from .config import BenchConfig, runnable_others
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header

@@ -17,8 +17,9 @@ from dataclasses import replace
 from typing import Optional
 
 from ...errors import ConfigurationError
+from ..model_spec import option_value
 
-__all__ = ["TUNE_GRID", "TUNE_TAG", "grid_for", "tune_cells", "parse_tune_values", "option_value"]
+__all__ = ["TUNE_GRID", "TUNE_TAG", "grid_for", "tune_cells", "parse_tune_values"]
 
 TUNE_TAG = "tune"
 #: Knob -> values tried, each library's default among them (DDP: 25 MB buckets, no bucket view;
@@ -30,23 +31,6 @@ TUNE_GRID = {
     "fusion_threshold_mb": (0, 4, 128),
     "cycle_time_ms": (0.5, 1, 5),
 }
-
-
-def option_value(text: str):
-    """A knob value from the command line: true/false, an integer or a number."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    try:
-        return int(lowered)
-    except ValueError:
-        pass
-    try:
-        return float(lowered)
-    except ValueError:
-        raise ConfigurationError(
-            f"tuning value {text!r} is not true/false or a number (e.g. bucket_cap_mb=1,25)."
-        ) from None
 
 
 def parse_tune_values(items: list) -> dict:

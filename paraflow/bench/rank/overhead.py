@@ -24,7 +24,7 @@ import torch
 
 from ...examples.models import build_model
 from ..backends import raw_loop
-from ..driver.config import ModelSpec
+from ..model_spec import ModelSpec
 from .train_loop import LEARNING_RATE, device_sync, make_batches, make_step
 
 __all__ = ["run_overhead", "pairs_within", "build_order", "step_orders", "SIDES", "INSTANCES", "MIN_PAIRS"]
@@ -75,12 +75,10 @@ def run_overhead(
     """Time `pairs` paraflow / raw / control steps of `spec` each on the started paraflow
     `backend` (fewer when they would take longer than about `max_seconds`, at least MIN_PAIRS;
     rounded up to whole rounds of INSTANCES), returns this rank's numbers."""
-    from ...core.registry import spec as registered
     from ...errors import ConfigurationError
 
-    registration = registered(backend.name)
-    raw = raw_loop(registration.load(), **registration.presets)
-    loops = {"raw": raw, "control": raw_loop(registration.load(), **registration.presets)}
+    raw = raw_loop(backend.name)
+    loops = {"raw": raw, "control": raw_loop(backend.name)}
     if raw is None:
         raise ConfigurationError(f"backend {backend.name!r} has no hand-written loop to compare with.")
     device = backend.device

@@ -66,7 +66,7 @@ from torch import nn
 from ...examples.data import load_dataset
 from ...examples.models import build_model
 from ..backends import no_sync_communicates
-from ..driver.config import ModelSpec
+from ..model_spec import ModelSpec
 from .factory import batch_samples, build_factory, call_model, model_facts, take, to_device
 
 __all__ = [
@@ -546,7 +546,7 @@ def run_pairs(
                 t1 = time.perf_counter()
                 (sync_s if synced else no_sync_s).append(t1 - t0)
                 parts[synced] = step_parts(marks, t0, t1)
-            whole = no_sync_communicates(backend)
+            whole = no_sync_communicates(backend.name)
             for key, value in pair_breakdown(parts[True], parts[False], whole).items():
                 breakdown[key].append(value)
     return {"sync_pair_step_s": sync_s, "no_sync_step_s": no_sync_s, "breakdown": _none_if_missing(breakdown)}

@@ -127,8 +127,7 @@ def main(argv=None) -> int:
 
     import paraflow
 
-    from ..driver.config import ModelSpec
-    from ..driver.tune import option_value
+    from ..model_spec import ModelSpec, option_value
     from ..report.launches import TASK_PREFIX
     from .train_loop import run_training
 
@@ -145,12 +144,10 @@ def main(argv=None) -> int:
                 result = run_training(backend, spec, args, scaling)
                 rank_file.add(f"{TASK_PREFIX[scaling]}/{spec}", result)
         if args.sweep_sizes:
-            from ...core.registry import spec as registered
             from ..backends import raw_loop
             from .sweep import run_sweep
 
-            registration = registered(args.backend)
-            raw = raw_loop(registration.load(), **registration.presets)
+            raw = raw_loop(args.backend)
             collectives, dtypes = args.collectives.split(","), args.dtypes.split(",")
             sweep = run_sweep(backend, raw, args.sweep_sizes, collectives, dtypes, rounds=args.rounds)
             rank_file.add("sweep", sweep)

@@ -91,24 +91,20 @@ the fits, the predictions, the projection and the published comparison, and writ
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
-import sys
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
 from ...errors import ConfigurationError
-from ..driver.config import ModelSpec
+from ..backends import facts
+from ..model_spec import ModelSpec
 from . import metrics
 from .launches import TASK_PREFIX, groups, rounded, task_of
 
-__all__ = ["fit_sweep", "predict_rows", "project", "published_comparison", "model_tables", "model_sections"]
-__all__ += ["project_main", "FIT_COLUMNS", "PROJECTION_COLUMNS", "PUBLISHED_COLUMNS", "PREDICTION_COLUMNS"]
-
-HOROVOD_CYCLE_S = 1e-3  # HOROVOD_CYCLE_TIME's default since horovod 0.21
+__all__ = ["fit_sweep", "predict_rows", "project", "published_comparison", "model_tables", "KEYS"]
+__all__ += ["FIT_COLUMNS", "PROJECTION_COLUMNS", "PUBLISHED_COLUMNS", "PREDICTION_COLUMNS"]
 
 ALGORITHMS = {
     "ring": "2(n-1)·α + 2(n-1)/n·S/B",
@@ -134,15 +130,22 @@ FIT_COLUMNS = {
 
 
 def algorithm_of(backend: str, transport: Optional[str]) -> str:
-    """The allreduce algorithm `backend` runs over `transport` (see the module docstring)."""
-    if backend == "horovod" and transport == "mpi":
-        return "rabenseifner"
-    return "ring"
+    """The allreduce algorithm `backend` runs over `transport` (paraflow.bench.backends; see the module docstring)."""
+    known = facts(backend)
+    return known.algorithms.get(transport or "", "ring") if known else "ring"
 
 
 def fixed_s(backend: str) -> float:
     """Seconds every operation of `backend` waits whatever its size: horovod's cycle, 0 for the others."""
-    return HOROVOD_CYCLE_S if backend == "horovod" else 0.0
+    known = facts(backend)
+    return known.fixed_s if known else 0.0
+
+
+def no_model_reason(backend: str) -> Optional[str]:
+    """Why the cost model cannot predict `backend`'s step, or None when it can."""
+    if facts(backend) is None:
+        return f"no cost model for {backend} (paraflow.bench.backends.FACTS has no entry for it)"
+    return None
 
 
 def coefficients(algorithm: str, n: int) -> tuple[float, float]:
@@ -276,12 +279,15 @@ def messages(
     `tensors`: the parameters' byte sizes in the model's order (DDP buckets them as torch does);
     `units`: fsdp's sharded units' byte sizes, blocks first, the root last.
     """
-    if backend.startswith("ddp"):
+    known = facts(backend)
+    if known is None:
+        raise ConfigurationError(no_model_reason(backend))
+    if known.messages == "buckets":
         sizes = _ddp_buckets(tensors) if tensors else _chunks(grad_bytes, DDP_FIRST_BUCKET, DDP_BUCKET)
         return [("allreduce", s) for s in sizes]
-    if backend == "horovod":
+    if known.messages == "fused":
         return [("allreduce", s) for s in _chunks(grad_bytes, fusion or grad_bytes, fusion or grad_bytes)]
-    if backend == "fsdp":
+    if known.messages == "sharded":
         units = units or [grad_bytes]
         out = [("allgather", u) for u in units]  # forward
         out += [("allgather", u) for u in units[:-1]]  # backward, the root keeps its parameters
@@ -349,15 +355,20 @@ def predict_rows(training: list, fits: list, cells: list) -> list:
     """Add ``predicted_step_ms`` and ``prediction_error`` (predicted / measured − 1) to every
     multi-process row with a fit and a compute time; returns what each prediction used."""
     by_cell = {(f["backend"], f["launcher"], f["processes"]): f for f in fits if f["status"].startswith("ok")}
-    facts = row_facts(cells)
+    measured = row_facts(cells)
     sizes: dict = {}
     details = []
     for row in training:
         fit = by_cell.get((row["backend"], row["launcher"], row["processes"]))
-        fact = facts.get((row["model"], row["scaling"], row["backend"], row["launcher"], row["processes"]))
+        fact = measured.get((row["model"], row["scaling"], row["backend"], row["launcher"], row["processes"]))
         if row.get("setting", "default") != "default":  # a tuned row's messages differ from the defaults'
             continue
         if fit is None or fact is None or row.get("step_ms_median") is None:
+            continue
+        unknown = no_model_reason(row["backend"])
+        if unknown is not None:  # said in its own row: a silent zero would read as free communication
+            details.append({k: row.get(k) for k in ("model", "scaling", "backend", "launcher", "processes")})
+            details[-1].update(link=fit["link"], measured_step_ms=row["step_ms_median"], status=unknown)
             continue
         compute = row.get("compute_ms")
         source = "compute_ms" if compute is not None else "no-sync step"
@@ -371,7 +382,7 @@ def predict_rows(training: list, fits: list, cells: list) -> list:
         bandwidth = fit["bandwidth_bps"] or math.inf
         times = comm_s(parts, fit["alpha_s"], bandwidth, row["processes"], fit["algorithm"], fit.get("fixed_s", 0.0))
         predicted = compute + sum(times) * 1e3
-        if row["backend"] == "fsdp":  # its no-sync step still all-gathers: those are in the measured compute
+        if facts(row["backend"]).no_sync_communicates:  # the all-gathers are in the measured compute
             gathered = sum(t for (kind, _), t in zip(parts, times) if kind == "allgather") * 1e3
             predicted -= gathered
             compute, source = max(compute - gathered, 0.0), f"{source} - modelled all-gathers"
@@ -398,6 +409,7 @@ def predict_rows(training: list, fits: list, cells: list) -> list:
                 "fixed_s": fit.get("fixed_s", 0.0),
                 "alpha_s": fit["alpha_s"],
                 "bandwidth_bps": fit["bandwidth_bps"],  # None: unresolved, taken as infinite
+                "status": "ok",
             }
         )
     return details
@@ -433,7 +445,7 @@ def project(details: list, hosts: tuple = HOSTS, links: tuple = LINKS_GBIT) -> l
     """Rows per measured row (weak scaling) x link x host count; the measured point first."""
     rows = []
     for d in details:
-        if d["scaling"] != "weak":
+        if d["scaling"] != "weak" or d.get("status", "ok") != "ok":
             continue
         compute = d["compute_ms"] * 1e-3
         for link in ("as fitted", *links):
@@ -548,37 +560,6 @@ def model_tables(cells: list, training: list, sweep: list, header: Optional[dict
     }
 
 
-def model_sections(tables: dict, fmt: str) -> list:
-    """(title, text) pairs for the terminal and results.md."""
-    from .tables import render
-
-    sections = []
-    if tables.get("costmodel_fit"):
-        sections.append(
-            (
-                "Cost model: allreduce latency α and bandwidth B fitted to the sweep (raw library's times)",
-                render(tables["costmodel_fit"], FIT_COLUMNS, fmt),
-            )
-        )
-    if tables.get("projection"):
-        sections.append(
-            (
-                "PROJECTION to many hosts from the cost model (not measured)",
-                render(tables["projection"], PROJECTION_COLUMNS, fmt) + "\n\n" + MODEL_NOTE,
-            )
-        )
-    if tables.get("published"):
-        first = tables["published"][0]
-        sections.append(
-            (
-                f"PROJECTION against Horovod's published scaling ({first['gpus']} GPUs, {first['link']}, "
-                f"α {first['alpha_us']:g} µs per ring step)",
-                render(tables["published"], PUBLISHED_COLUMNS, fmt),
-            )
-        )
-    return sections
-
-
 PREDICTION_COLUMNS = {
     "model": "model",
     "scaling": "scaling",
@@ -592,32 +573,6 @@ PREDICTION_COLUMNS = {
     "predicted_step_ms": "predicted step ms",
     "measured_step_ms": "measured step ms",
     "prediction_error": "prediction error",
+    "status": "status",
 }
 KEYS = ("costmodel_fit", "predictions", "projection", "published")
-
-
-def project_main(path: str, out=None, plots: bool = True) -> int:
-    """Print and write the cost model of the run in `path`; 0 when it could fit and predict something."""
-    from .compare import load_results
-    from .outputs import CSV_TABLES, write_csv
-    from .tables import build_tables, render
-
-    out = out or sys.stdout
-    results = load_results(path)
-    tables = build_tables(results["cells"], results["header"], results.get("config"))
-    folder = Path(path) if Path(path).is_dir() else Path(path).parent
-    (folder / "projection.json").write_text(json.dumps({k: tables[k] for k in KEYS}, indent=1))
-    for name, (key, columns) in CSV_TABLES.items():
-        if key in KEYS:  # costmodel.csv, projection.csv, published.csv
-            write_csv(folder / name, tables[key], columns, results["header"])
-    sections = model_sections(tables, "simple")
-    if tables["predictions"]:
-        sections.insert(1, ("Predicted against measured step time", render(tables["predictions"], PREDICTION_COLUMNS)))
-    for title, text in sections:
-        print(f"\n{title}\n{text}", file=out)
-    if plots and tables["projection"]:
-        from .plots import _save, projection_figure
-
-        _save(projection_figure(tables, results["header"]), folder / "projection.png")
-    print(f"\nwrote projection.json, costmodel.csv, projection.csv, published.csv to {folder}/", file=out)
-    return 0 if tables["predictions"] else 1

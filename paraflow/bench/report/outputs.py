@@ -6,8 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from ...errors import MissingDependencyError
-from .costmodel import FIT_COLUMNS, PROJECTION_COLUMNS, PUBLISHED_COLUMNS, model_sections
+from .costmodel import FIT_COLUMNS, MODEL_NOTE, PROJECTION_COLUMNS, PUBLISHED_COLUMNS
 from .header import header_lines
 from .tables import (
     MEMCPY_COLUMNS,
@@ -22,7 +21,6 @@ from .tables import (
 )
 
 __all__ = [
-    "require_tabulate",
     "markdown_report",
     "write_csv",
     "write_csvs",
@@ -30,8 +28,6 @@ __all__ = [
     "CSV_TABLES",
     "DEFINITIONS",
 ]
-
-INSTALL_HINT = "install the benchmark extras: `pip install 'paraflow[bench]'` (tabulate and matplotlib)"
 
 
 #: CSV file -> (table key, columns); a CSV header names the columns by key, so no unit enters it.
@@ -109,17 +105,6 @@ DEFINITIONS = [
     "the margin (--margin, default 5%) and the A/A noise floor; else it shares the first place (no significant "
     "difference, or a significant one within that threshold).",
 ]
-
-
-def require_tabulate():
-    """tabulate's function, or a clear error saying how to install it."""
-    try:
-        from tabulate import tabulate
-    except ImportError:
-        raise MissingDependencyError(
-            f"the benchmark tables need tabulate, which is not installed; {INSTALL_HINT}."
-        ) from None
-    return tabulate
 
 
 def _by(rows: list, keys: tuple) -> dict:
@@ -264,3 +249,32 @@ def write_json(results: dict, out: Path) -> str:
     """results.json: header, config, every cell with its raw per-rank numbers, and the tables."""
     (out / "results.json").write_text(json.dumps(results, indent=1))
     return "results.json"
+
+
+def model_sections(tables: dict, fmt: str) -> list:
+    """(title, text) pairs for the terminal and results.md."""
+    sections = []
+    if tables.get("costmodel_fit"):
+        sections.append(
+            (
+                "Cost model: allreduce latency α and bandwidth B fitted to the sweep (raw library's times)",
+                render(tables["costmodel_fit"], FIT_COLUMNS, fmt),
+            )
+        )
+    if tables.get("projection"):
+        sections.append(
+            (
+                "PROJECTION to many hosts from the cost model (not measured)",
+                render(tables["projection"], PROJECTION_COLUMNS, fmt) + "\n\n" + MODEL_NOTE,
+            )
+        )
+    if tables.get("published"):
+        first = tables["published"][0]
+        sections.append(
+            (
+                f"PROJECTION against Horovod's published scaling ({first['gpus']} GPUs, {first['link']}, "
+                f"α {first['alpha_us']:g} µs per ring step)",
+                render(tables["published"], PUBLISHED_COLUMNS, fmt),
+            )
+        )
+    return sections

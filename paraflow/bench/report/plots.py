@@ -267,7 +267,9 @@ def projection_figure(tables: dict, header: dict):
                 color=colors[series],
                 label=f"{series}, {link} (projected)",
             )
-        for d in (d for d in details if d["model"] == model and d["scaling"] == "weak"):
+        for d in (
+            d for d in details if d["model"] == model and d["scaling"] == "weak" and d.get("status", "ok") == "ok"
+        ):
             series = f"{d['backend']} · {d['launcher']}"
             color = colors.get(series, "black")
             if d.get("scaling_efficiency") is not None:

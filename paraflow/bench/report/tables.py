@@ -75,11 +75,20 @@ from typing import Callable, Optional
 
 import torch
 
-from ..driver.config import DEFAULT_MARGIN, ModelSpec
+from ...errors import MissingDependencyError
+from ..model_spec import ModelSpec
 from . import intervals, metrics
 from .costmodel import model_tables
 from .launches import TASK_PREFIX, device_name, group_status, groups, rounded, task_of, tuning_groups
-from .verdict import OVERHEAD_TARGET, aa_floor, overhead_lines, overhead_verdict, sweep_lines, training_verdict
+from .verdict import (
+    DEFAULT_MARGIN,
+    OVERHEAD_TARGET,
+    aa_floor,
+    overhead_lines,
+    overhead_verdict,
+    sweep_lines,
+    training_verdict,
+)
 
 __all__ = [
     "TRAINING_COLUMNS",
@@ -97,6 +106,8 @@ __all__ = [
     "overhead_rows",
     "noise_floor",
     "render",
+    "require_tabulate",
+    "INSTALL_HINT",
     "format_value",
     "format_cell",
     "csv_columns",
@@ -247,10 +258,23 @@ def format_cell(key: str, row: dict) -> str:
     return text
 
 
+#: What a missing tabulate or matplotlib error says to do.
+INSTALL_HINT = "install the benchmark extras: `pip install 'paraflow[bench]'` (tabulate and matplotlib)"
+
+
+def require_tabulate():
+    """tabulate's function, or a clear error saying how to install it."""
+    try:
+        from tabulate import tabulate
+    except ImportError:
+        raise MissingDependencyError(
+            f"the benchmark tables need tabulate, which is not installed; {INSTALL_HINT}."
+        ) from None
+    return tabulate
+
+
 def render(rows: list, columns: dict, fmt: str = "simple", drop: tuple = (), max_status: int = 60) -> str:
     """`rows` as text with tabulate (`fmt` "simple" for the terminal, "github" for Markdown)."""
-    from .outputs import require_tabulate
-
     tabulate = require_tabulate()
     keys = [k for k in columns if k not in drop]
     body = []
