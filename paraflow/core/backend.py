@@ -12,7 +12,7 @@ from typing import Any, ContextManager, Optional
 import torch
 from torch import nn
 
-from ..environment.launchers import ProcessEnvironment, detect_environment
+from ..environment.launchers import ProcessEnvironment, detect_environment, get_launcher
 from ..environment.launchers.openmpi import apply_mpi_yield
 from ..errors import BackendUnavailableError
 from ..reliability.activity import attach_markers, attach_step_marker
@@ -101,7 +101,8 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     OPTIONS: frozenset = frozenset()
     #: Whether one process may be one of several started by a launcher.
     MULTI_PROCESS = True
-    #: Launchers this backend is started with, preferred first (benchmark matrix, `paraflow run`).
+    #: The registered launchers this backend is started with (their names, as ``launcher`` reports
+    #: them), preferred first; the benchmark and `paraflow run` start each one's program.
     LAUNCHERS: tuple = ("torchrun",)
     #: Gradient compressions this backend can do; anything else fails at construction.
     COMPRESSIONS: frozenset = frozenset({"none"})
@@ -231,6 +232,11 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
     local_rank = _from_environment("local_rank", "Rank of this process on its host.")
     local_world_size = _from_environment("local_world_size", "Number of processes on this host.")
     launcher = _from_environment("launcher", "The launcher that started this process (torchrun, openmpi, slurm, ...).")
+
+    @classmethod
+    def launch_programs(cls) -> tuple:
+        """The programs that start this backend (``LAUNCHERS``' tools: mpirun for openmpi), preferred first."""
+        return tuple(get_launcher(name).tool for name in cls.LAUNCHERS)
 
     @property
     def transport(self) -> Optional[str]:

@@ -83,7 +83,7 @@ def choose_launcher(backend: str, requested: str, env: Mapping[str, str] = os.en
     """
     if requested != "auto":  # launch_command names the launchers when it knows none of that name
         return requested
-    preferred = tuple(_backend_class(backend).LAUNCHERS)
+    preferred = _backend_class(backend).launch_programs()
     allocation = next((x.tool for x in registered_launchers() if x.tool and x.inside_an_allocation(env)), None)
     if allocation and not launcher_for_tool(preferred[0]).is_plain and find_tool(allocation):
         return allocation

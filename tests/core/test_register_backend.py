@@ -92,3 +92,15 @@ def test_train_py_runs_on_a_backend_registered_outside_the_package(tmp_path):
     assert toy_run["backend"] == "toy" and toy_run["world_size"] == 2 and toy_run["steps"] == 8
     assert toy_run["final_loss"] == pytest.approx(ddp_run["final_loss"], rel=1e-4)
     assert toy_run["accuracy"] == pytest.approx(ddp_run["accuracy"], abs=1e-3)
+
+
+def test_every_backends_launchers_are_registered_launchers_named_as_the_backend_reports_them():
+    from paraflow.environment.launchers import get_launcher, registered_launchers
+
+    names = {launcher.name for launcher in registered_launchers()}
+    for name in paraflow.available_backends():
+        cls = registry.spec(name).load()
+        assert set(cls.LAUNCHERS) <= names, (name, cls.LAUNCHERS)
+        assert cls.launch_programs() == tuple(get_launcher(n).tool for n in cls.LAUNCHERS)
+    horovod = registry.spec("horovod").load()
+    assert horovod.LAUNCHERS == ("openmpi", "horovodrun") and horovod.launch_programs() == ("mpirun", "horovodrun")

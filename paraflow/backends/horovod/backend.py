@@ -77,7 +77,7 @@ class HorovodBackend(Backend):
     )
     COMPRESSIONS = frozenset({"none", "fp16"})
     COMPRESSION_LIMIT = "horovod's allreduce refuses bfloat16"
-    LAUNCHERS = ("mpirun", "horovodrun")
+    LAUNCHERS = ("openmpi", "horovodrun")
 
     def __init__(
         self,

@@ -153,11 +153,11 @@ def build_matrix(
     measured: set = set()  # groups whose last launch also measures the abstraction overhead
     for name in names:
         cls, presets = _backend_class(name), spec(name).presets
-        launchers = cls.LAUNCHERS
+        launchers = programs = cls.launch_programs()
         if config.launchers and name != BASELINE:
             launchers = tuple(launcher for launcher in launchers if launcher in config.launchers)
             if not launchers:
-                matrix.skipped[name] = f"none of its launchers ({', '.join(cls.LAUNCHERS)}) was asked for"
+                matrix.skipped[name] = f"none of its launchers ({', '.join(programs)}) was asked for"
                 continue
         counts = config.nprocs if cls.MULTI_PROCESS else [1]
         limit = cls.process_limit(cuda_devices, **presets)
@@ -180,7 +180,7 @@ def build_matrix(
                     train_cells.append(
                         Cell("train", name, launcher, n, threads, models, sweep=sweep and first, compiled=compiled)
                     )
-                    if raw and first and launcher == cls.LAUNCHERS[0] and n in (min(config.nprocs), max(config.nprocs)):
+                    if raw and first and launcher == programs[0] and n in (min(config.nprocs), max(config.nprocs)):
                         measured.add(train_cells[-1].group)
 
     if config.allreduce and any(c.sweep for c in train_cells):
