@@ -1,0 +1,225 @@
+"""Horovod's allgather, broadcast, alltoall, reducescatter, join and barrier over torch.distributed.
+
+Horovod's allgather and alltoall take tensors whose first dimension differs by rank; torch's take
+equal ones, so the shapes (or row counts) are exchanged first and the rows padded or split to fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from ...errors import ConfigurationError
+from . import runtime
+from .ops import (
+    OP_NAMES,
+    Average,
+    Sum,
+    _handle,
+    _on_comm_device,
+    _op,
+    _process_set,
+    _size,
+    _tensor,
+    allreduce,
+    global_process_set,
+    synchronize,
+)
+
+__all__ = [
+    "allgather", "allgather_async", "grouped_allgather", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
+]  # fmt: skip
+
+_MAX_DIMS = 16
+
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = global_process_set) -> int:
+    """Start gathering every rank's `tensor` along the first dimension, which may differ by rank."""
+    what = "hvd.allgather"
+    _tensor(tensor, what)
+    _process_set(process_set, what)
+    if _size() == 1:
+        result = tensor.detach().clone()
+        return _handle([], lambda: result)
+    shapes = _shapes_of_every_rank(tensor, what)
+    longest = max(shape[0] for shape in shapes)
+    padded = tensor.detach().new_zeros((longest, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor.detach()
+    padded = _on_comm_device(padded)
+    out = [torch.empty_like(padded) for _ in shapes]
+    work = dist.all_gather(out, padded, async_op=True)
+    return _handle([work], lambda: torch.cat([o[: s[0]] for o, s in zip(out, shapes)]).to(tensor.device))
+
+
+def _shapes_of_every_rank(tensor: torch.Tensor, what: str) -> list:
+    """Every rank's shape (one small allgather); the same error on every rank if they cannot be joined."""
+    if tensor.dim() == 0 or tensor.dim() > _MAX_DIMS:
+        raise ConfigurationError(
+            f"{what} needs a tensor of 1 to {_MAX_DIMS} dimensions, got shape {list(tensor.shape)}."
+        )
+    mine = torch.full((_MAX_DIMS + 2,), -1, dtype=torch.int64)
+    mine[0], mine[1] = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES), tensor.dim()
+    mine[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape)
+    out = [torch.empty_like(m) for m in [_on_comm_device(mine)] * _size()]
+    dist.all_gather(out, _on_comm_device(mine))
+    rows = [o.tolist() for o in out]
+    if len({(r[0], r[1], *r[3:]) for r in rows}) > 1:
+        described = "; ".join(
+            f"rank {i}: {_DTYPES[r[0]] if r[0] < len(_DTYPES) else '?'} {r[2 : 2 + r[1]]}" for i, r in enumerate(rows)
+        )
+        raise ConfigurationError(
+            f"{what}: the ranks' tensors differ in more than their first dimension ({described}); "
+            "only the first dimension may differ."
+        )
+    return [r[2 : 2 + r[1]] for r in rows]
+
+
+_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
+
+
+def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = global_process_set) -> torch.Tensor:
+    """Every rank's `tensor` concatenated along the first dimension, in rank order (its size may differ by rank)."""
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name=None, process_set: Any = global_process_set) -> list:
+    """``allgather`` of each of `tensors`."""
+    return [allgather(t, name, process_set) for t in tensors]
+
+
+def broadcast_async_(
+    tensor: torch.Tensor, root_rank: int, name: Optional[str] = None, process_set: Any = global_process_set
+) -> int:
+    """Start overwriting `tensor` with rank `root_rank`'s."""
+    what = "hvd.broadcast"
+    _tensor(tensor, what)
+    _process_set(process_set, what)
+    if not 0 <= root_rank < _size():
+        raise ConfigurationError(f"{what}: root_rank={root_rank} is outside ranks 0..{_size() - 1}.")
+    if _size() == 1:
+        return _handle([], lambda: tensor)
+    target = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+    work = _on_comm_device(target)
+    started = dist.broadcast(work, src=root_rank, async_op=True)
+
+    def finish() -> torch.Tensor:
+        if work is not target:
+            target.copy_(work)
+        return tensor
+
+    return _handle([started], finish)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name=None, process_set: Any = global_process_set) -> int:
+    """Start broadcasting rank `root_rank`'s `tensor` into a new tensor."""
+    return broadcast_async_(_tensor(tensor, "hvd.broadcast").detach().clone(), root_rank, name, process_set)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name=None, process_set: Any = global_process_set) -> torch.Tensor:
+    """Overwrite `tensor` with rank `root_rank`'s; returns `tensor`."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name=None, process_set: Any = global_process_set) -> torch.Tensor:
+    """Rank `root_rank`'s `tensor`, in a new tensor on every rank."""
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name=None, process_set: Any = global_process_set) -> Any:
+    """Send rows of `tensor` to each rank (``splits[r]`` rows to rank r; default: equal parts) and
+    return the rows received, in rank order; with `splits` given, also how many came from each rank."""
+    what = "hvd.alltoall"
+    _tensor(tensor, what)
+    _process_set(process_set, what)
+    size = _size()
+    sending = _splits(tensor, splits, size, what)
+    if size == 1:
+        received_rows = sending.clone()
+        output = tensor.detach().clone()
+    else:
+        received_rows = torch.empty_like(sending)
+        dist.all_to_all_single(_on_comm_device(received_rows), _on_comm_device(sending))
+        received_rows = received_rows.cpu()
+        source = _on_comm_device(tensor.detach())
+        output = source.new_empty((int(received_rows.sum()), *tensor.shape[1:]))
+        dist.all_to_all_single(output, source, received_rows.tolist(), sending.tolist())
+        output = output.to(tensor.device)
+    return output if splits is None else (output, received_rows.to(torch.int32))
+
+
+def _splits(tensor: torch.Tensor, splits: Any, size: int, what: str) -> torch.Tensor:
+    rows = tensor.shape[0] if tensor.dim() else 0
+    if splits is None:
+        if rows % size:
+            raise ConfigurationError(
+                f"{what}: {rows} rows do not split equally over {size} ranks; pass splits= (rows for each rank)."
+            )
+        return torch.full((size,), rows // size, dtype=torch.int64)
+    counts = torch.as_tensor(splits, dtype=torch.int64).flatten().cpu()
+    if counts.numel() != size or int(counts.sum()) != rows or bool((counts < 0).any()):
+        raise ConfigurationError(
+            f"{what}: splits={counts.tolist()} must give one count per rank ({size}) summing to the {rows} rows."
+        )
+    return counts
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name=None,
+    compression: Any = None,
+    op: int = Average,
+    process_set: Any = global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+) -> torch.Tensor:
+    """This rank's part of the reduction of `tensor` (default: the average): the rows are shared out
+    in rank order, the first ``rows % size`` ranks taking one more."""
+    what = "hvd.reducescatter"
+    _tensor(tensor, what)
+    if _op(None, op, what) not in (Average, Sum):
+        raise ConfigurationError(f"{what}: op must be hvd.Average or hvd.Sum, as in Horovod, got {OP_NAMES[op]}.")
+    _process_set(process_set, what)
+    reduced = allreduce(tensor.detach(), None, name, compression, op, prescale_factor, postscale_factor)
+    size, rank = _size(), runtime.backend().rank
+    base, extra = divmod(tensor.shape[0], size)
+    start = rank * base + min(rank, extra)
+    return reduced[start : start + base + (rank < extra)].clone()
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], *args: Any, **kwargs: Any) -> list:
+    """``reducescatter`` of each of `tensors`, with its arguments."""
+    return [reducescatter(t, *args, **kwargs) for t in tensors]
+
+
+# ---------------------------------------------------------------- join, barrier
+def join(device: int = -1) -> int:
+    """Wait until every rank has joined; returns the last rank (here the highest, as all join together).
+
+    Horovod lets ranks that joined early take part in the others' allreduces with zeros; torch has
+    no such thing, so here every rank must have made the same collectives before ``join``: give
+    every rank as many batches (``DistributedSampler(drop_last=True)``).
+    """
+    backend = runtime.backend()
+    backend.barrier()
+    return backend.world_size - 1
+
+
+def barrier(process_set: Any = global_process_set) -> None:
+    """Wait until every rank reaches this call."""
+    _process_set(process_set, "hvd.barrier")
+    runtime.backend().barrier()
