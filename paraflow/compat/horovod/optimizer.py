@@ -109,7 +109,7 @@ class _Distributed(torch.optim.Optimizer):
         self.op = op
         self._scales = (1.0 / predivide, predivide) if op == ops.Average else (1.0, 1.0)
         self._handles: dict = {}
-        self._requires_update: set = set()
+        self._requires_update: list = []
         self._synchronized = False
         self._should_synchronize = True
         self._hooks: list = []
@@ -117,7 +117,7 @@ class _Distributed(torch.optim.Optimizer):
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.requires_grad:
-                        self._requires_update.add(p)
+                        self._requires_update.append(p)
                         self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
@@ -155,8 +155,9 @@ class _Distributed(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Finish every gradient's allreduce (starting those not started); ``p.grad`` then holds the result."""
-        for p in self._requires_update - set(self._handles):
-            self._handles[p] = self._start(p)
+        for p in self._requires_update:  # in parameter order: every rank must start them in the same order
+            if p not in self._handles:
+                self._handles[p] = self._start(p)
         for p, (handle, _) in list(self._handles.items()):
             if handle is None:
                 self._handles[p] = self._start(p)
