@@ -153,8 +153,45 @@ def test_the_drop_in_gives_real_horovods_parameters(tmp_path, horovod, launcher,
 
 @requires_horovod
 @pytest.mark.long
-@pytest.mark.timeout(300)
-def test_paraflow_run_horovod_api_on_the_horovod_backend_runs_horovod_itself(tmp_path, horovod):
-    trained, reports = paraflow_run(tmp_path, "horovod", env={"PYTHONPATH": str(ROOT)})
-    assert_same_parameters(trained, horovod[0])
-    assert_same_reports(reports, horovod[1])
+@pytest.mark.timeout(420)
+def test_paraflow_bench_times_a_horovod_script_under_horovod_and_through_the_drop_in(tmp_path, no_leftovers):
+    out = tmp_path / "out"
+    script = ROOT / "docs" / "examples" / "horovod_synthetic_benchmark.py"
+    command = [sys.executable, "-m", "paraflow.cli", "bench", "--script", str(script), "--horovod-api"]
+    quick = [
+        "--repeat",
+        "1",
+        "--max-repeat",
+        "1",
+        "--no-aa-check",
+        "--no-plots",
+        "--warmup",
+        "2",
+        "--window-steps",
+        "3",
+    ]
+    where = ["--backend", "horovod,ddp-gloo", "--launcher", "mpirun,torchrun", "--nprocs", "2", "--out", str(out)]
+    done = subprocess.run(
+        [*command, *quick, *where, "--", "--batch-size", "8"],
+        env={**no_leftovers, "PARAFLOW_BACKEND": ""},
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    cells = results["cells"]
+    assert {c["group"] for c in cells} == {"single-python-1", "horovod-mpirun-2", "ddp-gloo-torchrun-2"}
+    assert all(c["status"] == "ok" for c in cells), [c["error"] for c in cells]
+    for row in results["tables"]["training"]:
+        assert row["samples_per_s"] > 0 and row["global_batch"] == 8 * row["processes"]  # the script's --batch-size
+    assert done.stdout.index("Verdict") < done.stdout.index("samples/s")  # the verdict first
+
+
+def test_bench_horovod_api_needs_a_script():
+    from paraflow.bench.driver.config import BenchConfig
+    from paraflow.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="--horovod-api runs a script written for Horovod: add --script"):
+        BenchConfig(horovod_api=True)

@@ -184,7 +184,14 @@ def ccl_built() -> bool:
 
 
 # ---------------------------------------------------------------- the rest of Horovod's names
-DistributedOptimizer = _passes_through(optimizer.DistributedOptimizer)
+_distributed_optimizer = _passes_through(optimizer.DistributedOptimizer)
+
+
+@functools.wraps(optimizer.DistributedOptimizer)
+def DistributedOptimizer(*args: Any, **kwargs: Any) -> torch.optim.Optimizer:  # noqa: N802 - Horovod's name
+    return runtime.optimizer_made(_distributed_optimizer(*args, **kwargs))
+
+
 broadcast_parameters = _passes_through(functions.broadcast_parameters)
 broadcast_optimizer_state = _passes_through(functions.broadcast_optimizer_state)
 broadcast_object = _passes_through(functions.broadcast_object)

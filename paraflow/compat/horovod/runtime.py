@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from ...errors import NotInitializedError
 
-__all__ = ["start", "stop", "backend", "native", "started"]
+__all__ = ["start", "stop", "backend", "native", "started", "watch_optimizers", "optimizer_made"]
 
 #: The module a backend's class names in NATIVE_API when its processes run Horovod itself.
 HOROVOD_API = "horovod.torch"
@@ -30,6 +30,8 @@ class _State:
 
 
 _state = _State()
+#: Called with every DistributedOptimizer the script makes (``paraflow bench --script --horovod-api`` counts its steps).
+_optimizer_watchers: list = []
 
 
 def start() -> None:
@@ -108,3 +110,15 @@ def _note_uncaught_errors() -> None:
         previous(kind, value, traceback)
 
     sys.excepthook = excepthook
+
+
+def watch_optimizers(watcher: Any) -> None:
+    """Call `watcher(optimizer)` with every ``hvd.DistributedOptimizer`` made from now on."""
+    _optimizer_watchers.append(watcher)
+
+
+def optimizer_made(optimizer: Any) -> Any:
+    """Hand a new DistributedOptimizer (the drop-in's or Horovod's) to the watchers; returns it."""
+    for watcher in _optimizer_watchers:
+        watcher(optimizer)
+    return optimizer
