@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import RANK_ENV, ROOT, WORKERS, launch_ok, requires_horovod
+from conftest import RANK_ENV, ROOT, WORKERS, launch, launch_ok, requires_horovod
 
 pytestmark = pytest.mark.xdist_group("horovod-api")
 
@@ -195,3 +195,24 @@ def test_bench_horovod_api_needs_a_script():
 
     with pytest.raises(ConfigurationError, match="--horovod-api runs a script written for Horovod: add --script"):
         BenchConfig(horovod_api=True)
+
+
+CHECKS = WORKERS / "horovod_api_checks.py"
+
+
+@pytest.mark.long
+@pytest.mark.timeout(300)
+def test_sync_batch_norm_and_a_parameter_no_rank_uses_on_two_ranks(tmp_path):
+    launch_ok("torchrun", 2, [CHECKS, "checks", tmp_path], timeout=180, env={"PARAFLOW_BACKEND": "ddp-gloo"})
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for key in ("output", "input_grad", "weight_grad", "running_mean", "running_var"):
+            assert report[key] < 1e-12, (key, report[key])  # BatchNorm over the whole batch, in float64
+        assert report["unused_grad"] == 0.0 and report["used_grad"] == [[1.5, 1.5], [1.5, 1.5]]  # (1 + 2) / 2
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_fails_ends_the_job_instead_of_leaving_the_other_waiting(tmp_path):
+    env = {"PARAFLOW_BACKEND": "ddp-gloo", "PARAFLOW_TIMEOUT": "120"}
+    result = launch("torchrun", 2, [CHECKS, "raise", tmp_path], timeout=100, env=env)  # fails the test if it hangs
+    assert result.returncode != 0 and "RuntimeError: rank 1 fails on purpose" in result.stderr, result.stderr[-3000:]

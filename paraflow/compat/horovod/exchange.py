@@ -25,6 +25,7 @@ from .ops import (
     _size,
     _tensor,
     allreduce,
+    communicating,
     global_process_set,
     synchronize,
 )
@@ -44,15 +45,16 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None, process_se
     _process_set(process_set, what)
     if _size() == 1:
         result = tensor.detach().clone()
-        return _handle([], lambda: result)
+        return _handle([], lambda: result, what)
     shapes = _shapes_of_every_rank(tensor, what)
     longest = max(shape[0] for shape in shapes)
     padded = tensor.detach().new_zeros((longest, *tensor.shape[1:]))
     padded[: tensor.shape[0]] = tensor.detach()
     padded = _on_comm_device(padded)
     out = [torch.empty_like(padded) for _ in shapes]
-    work = dist.all_gather(out, padded, async_op=True)
-    return _handle([work], lambda: torch.cat([o[: s[0]] for o, s in zip(out, shapes)]).to(tensor.device))
+    with communicating(what):
+        work = dist.all_gather(out, padded, async_op=True)
+    return _handle([work], lambda: torch.cat([o[: s[0]] for o, s in zip(out, shapes)]).to(tensor.device), what)
 
 
 def _shapes_of_every_rank(tensor: torch.Tensor, what: str) -> list:
@@ -65,7 +67,8 @@ def _shapes_of_every_rank(tensor: torch.Tensor, what: str) -> list:
     mine[0], mine[1] = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES), tensor.dim()
     mine[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape)
     out = [torch.empty_like(m) for m in [_on_comm_device(mine)] * _size()]
-    dist.all_gather(out, _on_comm_device(mine))
+    with communicating(what):
+        dist.all_gather(out, _on_comm_device(mine))
     rows = [o.tolist() for o in out]
     if len({(r[0], r[1], *r[3:]) for r in rows}) > 1:
         described = "; ".join(
@@ -112,17 +115,18 @@ def broadcast_async_(
     if not 0 <= root_rank < _size():
         raise ConfigurationError(f"{what}: root_rank={root_rank} is outside ranks 0..{_size() - 1}.")
     if _size() == 1:
-        return _handle([], lambda: tensor)
+        return _handle([], lambda: tensor, what)
     target = tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
     work = _on_comm_device(target)
-    started = dist.broadcast(work, src=root_rank, async_op=True)
+    with communicating(what):
+        started = dist.broadcast(work, src=root_rank, async_op=True)
 
     def finish() -> torch.Tensor:
         if work is not target:
             target.copy_(work)
         return tensor
 
-    return _handle([started], finish)
+    return _handle([started], finish, what)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name=None, process_set: Any = global_process_set) -> int:
@@ -152,12 +156,13 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name=None, process_set: A
         received_rows = sending.clone()
         output = tensor.detach().clone()
     else:
-        received_rows = torch.empty_like(sending)
-        dist.all_to_all_single(_on_comm_device(received_rows), _on_comm_device(sending))
-        received_rows = received_rows.cpu()
+        received = _on_comm_device(torch.empty_like(sending))  # the rows each rank sends here
         source = _on_comm_device(tensor.detach())
-        output = source.new_empty((int(received_rows.sum()), *tensor.shape[1:]))
-        dist.all_to_all_single(output, source, received_rows.tolist(), sending.tolist())
+        with communicating(what):
+            dist.all_to_all_single(received, _on_comm_device(sending))
+            received_rows = received.cpu()
+            output = source.new_empty((int(received_rows.sum()), *tensor.shape[1:]))
+            dist.all_to_all_single(output, source, received_rows.tolist(), sending.tolist())
         output = output.to(tensor.device)
     return output if splits is None else (output, received_rows.to(torch.int32))
 

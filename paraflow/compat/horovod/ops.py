@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 import torch.distributed as dist
 
 from ...errors import ConfigurationError
+from ...reliability.translation import collective_errors
 from . import runtime
 
 __all__ = [
@@ -59,22 +60,28 @@ global_process_set = _GlobalProcessSet()
 
 # ---------------------------------------------------------------- handles
 class _Pending:
-    """torch's Work objects of one Horovod call, and what turns them into its result."""
+    """torch's Work objects of one Horovod call, what turns them into its result, and the call's name."""
 
-    __slots__ = ("works", "finish")
+    __slots__ = ("works", "finish", "what")
 
-    def __init__(self, works: list, finish: Callable[[], Any]) -> None:
-        self.works, self.finish = works, finish
+    def __init__(self, works: list, finish: Callable[[], Any], what: str) -> None:
+        self.works, self.finish, self.what = works, finish, what
 
 
 _handles: dict = {}
 _numbers = itertools.count(1)
 
 
-def _handle(works: list, finish: Callable[[], Any]) -> int:
+def _handle(works: list, finish: Callable[[], Any], what: str) -> int:
     number = next(_numbers)
-    _handles[number] = _Pending(works, finish)
+    _handles[number] = _Pending(works, finish, what)
     return number
+
+
+def communicating(what: str) -> ContextManager:
+    """Context around torch's calls for `what`: a failure (a lost rank, a timeout) leaves as a
+    paraflow error naming the call and this rank."""
+    return collective_errors(runtime.backend(), what)
 
 
 def poll(handle: int) -> bool:
@@ -86,8 +93,9 @@ def synchronize(handle: int) -> Any:
     """Wait for the asynchronous operation `handle` and return its result."""
     pending = _pending(handle)
     del _handles[handle]
-    for work in pending.works:
-        work.wait()
+    with communicating(pending.what):
+        for work in pending.works:
+            work.wait()
     return pending.finish()
 
 
@@ -168,7 +176,8 @@ def allreduce_async_(
     _tensor(tensor, what)
     op = _op(average, op, what)
     _process_set(process_set, what)
-    return _handle(*_start_allreduce(tensor, op, prescale_factor, postscale_factor))
+    with communicating(what):
+        return _handle(*_start_allreduce(tensor, op, prescale_factor, postscale_factor), what)
 
 
 def _start_allreduce(tensor: torch.Tensor, op: int, prescale: float, postscale: float) -> tuple:
@@ -225,9 +234,10 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx, tensor, compression, op, prescale, postscale):
         ctx.args = (compression, op, prescale, postscale)
         compressed, state = _compress(compression, tensor.detach().clone())
-        works, finish = _start_allreduce(compressed, op, prescale, postscale)
-        for work in works:
-            work.wait()
+        with communicating("hvd.allreduce"):
+            works, finish = _start_allreduce(compressed, op, prescale, postscale)
+            for work in works:
+                work.wait()
         return _decompress(compression, finish(), state)
 
     @staticmethod
@@ -256,8 +266,9 @@ def grouped_allreduce_async_(
     what = "hvd.grouped_allreduce"
     op = _op(average, op, what)
     _process_set(process_set, what)
-    started = [_start_allreduce(_tensor(t, what), op, prescale_factor, postscale_factor) for t in tensors]
-    return _handle([w for works, _ in started for w in works], lambda: [finish() for _, finish in started])
+    with communicating(what):
+        started = [_start_allreduce(_tensor(t, what), op, prescale_factor, postscale_factor) for t in tensors]
+    return _handle([w for works, _ in started for w in works], lambda: [finish() for _, finish in started], what)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], *args: Any, **kwargs: Any) -> int:
