@@ -38,17 +38,17 @@ def lines(output, pattern):
 
 @pytest.fixture(scope="module")
 def mnist(tmp_path_factory):
-    return run(tmp_path_factory.mktemp("mnist"), "horovod_mnist.py")
+    return run(tmp_path_factory.mktemp("mnist"), "horovod_mnist.py", "--epochs", "2")
 
 
 def test_the_mnist_example_learns_the_digits_with_only_its_import_changed(mnist):
     accuracies = [float(a) for a in lines(mnist, r"Accuracy: ([\d.]+)%")]
-    assert len(accuracies) == 3 and accuracies[-1] > 60, accuracies
+    assert len(accuracies) == 2 and accuracies[-1] > 50, accuracies  # ten classes: 10 % by chance
 
 
 @requires_horovod
 def test_the_mnist_example_trains_horovods_model(mnist):
-    horovod = run(None, "horovod_mnist.py", horovod=True)
+    horovod = run(None, "horovod_mnist.py", "--epochs", "2", horovod=True)
     pattern = r"^(Test set: .*|weights sum .*)$"
     assert lines(mnist, pattern) == lines(horovod, pattern)
 
@@ -62,7 +62,7 @@ def test_the_synthetic_benchmark_runs_with_only_its_import_changed(tmp_path):
 
 @requires_horovod
 def test_the_imagenet_example_trains_horovods_model_and_resumes_from_its_checkpoint(tmp_path):
-    small = ["--images", "64", "--epochs", "2"]
+    small = ["--images", "32", "--epochs", "2"]
     checkpoints = tmp_path / "drop-in"
     checkpoints.mkdir()
     ours = run(tmp_path, "horovod_imagenet_resnet.py", *small, "--checkpoint-format", f"{checkpoints}/ck-{{epoch}}.pt")
@@ -71,6 +71,6 @@ def test_the_imagenet_example_trains_horovods_model_and_resumes_from_its_checkpo
     pattern = r"^((?:Train|Validate) Epoch .*|weights sum .*)$"
     assert lines(ours, pattern) == lines(theirs, pattern)
     assert len(lines(ours, r"^Train Epoch #\d")) == 2
-    resumed = run(tmp_path, "horovod_imagenet_resnet.py", "--images", "64", "--epochs", "3",
+    resumed = run(tmp_path, "horovod_imagenet_resnet.py", "--images", "32", "--epochs", "3",
                   "--checkpoint-format", f"{checkpoints}/ck-{{epoch}}.pt")  # fmt: skip
     assert lines(resumed, r"^Train Epoch #(\d)") == ["3"]  # the resume epoch, broadcast from rank 0

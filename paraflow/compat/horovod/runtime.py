@@ -27,6 +27,7 @@ class _State:
     native: Optional[ModuleType] = None  # the real horovod.torch, on a backend that runs it
     owned = False  # whether hvd.init() started the backend (then hvd.shutdown() ends it)
     failed = False  # an uncaught exception is ending the process: leave without the final barrier
+    watching_exit = False  # stop() runs at exit, and uncaught errors are noted
 
 
 _state = _State()
@@ -57,7 +58,8 @@ def start() -> None:
         from ...backends.horovod.info import import_horovod
 
         _state.native = import_horovod()
-    if _state.owned:
+    if _state.owned and not _state.watching_exit:  # once per process: stop() ends whichever backend runs then
+        _state.watching_exit = True
         atexit.register(stop)
         _note_uncaught_errors()
 
