@@ -37,6 +37,12 @@ COLLECTIVES = {
     "alltoall_splits": ([[0, 10], [1, 1]], [[1, 2, 11, 12], [2, 2]]),
     "reducescatter": ([0.0, 1.5, 3.0], [4.5, 6.0]),  # five rows: the first rank takes three
     "async": ([[3.0], [3.0]],) * 2,
+    # gradients through allgather (this rank's rows, averaged), broadcast (to the root, averaged),
+    # alltoall (rows sent back) and reducescatter (gathered, times the size under Sum)
+    "gradients": (
+        [[1.0, 2.0], [2.5], [1.0, 2.0, 1.0, 2.0], [2.0, 2.0, 4.0]],
+        [[3.0, 4.0], [0.0], [6.0, 8.0, 6.0, 8.0], [2.0, 2.0, 4.0]],
+    ),
 }
 #: Importing horovod raises in every process that has this sitecustomize: Horovod "not installed".
 HIDE_HOROVOD = """import sys

@@ -69,6 +69,15 @@ report = {
     "alltoall_splits": [t.tolist() for t in hvd.alltoall(torch.arange(3) + 10 * r, splits=[1, 2])],
     "reducescatter": hvd.reducescatter(torch.arange(5.0) * (r + 1)).tolist(),
 }
+leaf = torch.tensor([r + 1.0, 2.0 * (r + 1)], requires_grad=True)
+(hvd.allgather(leaf.view(1, 2)) * torch.arange(1.0, 5.0).view(2, 2)).sum().backward()
+root_leaf = torch.tensor([3.0 + r], requires_grad=True)
+(hvd.broadcast(root_leaf, root_rank=0) * (r + 2)).sum().backward()
+rows = torch.arange(4.0, requires_grad=True)
+(hvd.alltoall(rows * (r + 1)) * torch.arange(1.0, 5.0)).sum().backward()
+scattered = torch.arange(3.0, requires_grad=True)
+(hvd.reducescatter(scattered, op=hvd.Sum) * (r + 1)).sum().backward()
+report["gradients"] = [leaf.grad.tolist(), root_leaf.grad.tolist(), rows.grad.tolist(), scattered.grad.tolist()]
 in_place = torch.tensor([1.0 + r])
 handle = hvd.allreduce_async_(in_place, op=hvd.Sum)
 report["async"] = [hvd.synchronize(handle).tolist(), in_place.tolist()]

@@ -96,8 +96,32 @@ _DTYPES = [
 
 
 def allgather(tensor: torch.Tensor, name: Optional[str] = None, process_set: Any = global_process_set) -> torch.Tensor:
-    """Every rank's `tensor` concatenated along the first dimension, in rank order (its size may differ by rank)."""
+    """Every rank's `tensor` concatenated along the first dimension, in rank order (its size may differ by rank).
+
+    Differentiable, as Horovod's: this rank's rows of the gradient, averaged over the ranks.
+    """
+    if _differentiable(tensor):
+        _process_set(process_set, "hvd.allgather")
+        return _Allgather.apply(tensor)
     return synchronize(allgather_async(tensor, name, process_set))
+
+
+def _differentiable(tensor: Any) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor):
+        ctx.rows = tensor.shape[0] if tensor.dim() else 0
+        return synchronize(allgather_async(tensor))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad.contiguous(), op=Average)
+        rows = allgather(torch.tensor([ctx.rows]))
+        start = int(rows[: runtime.backend().rank].sum())
+        return reduced.narrow(0, start, ctx.rows)
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name=None, process_set: Any = global_process_set) -> list:
@@ -140,31 +164,69 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name=None, process_set: Any
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name=None, process_set: Any = global_process_set) -> torch.Tensor:
-    """Rank `root_rank`'s `tensor`, in a new tensor on every rank."""
+    """Rank `root_rank`'s `tensor`, in a new tensor on every rank.
+
+    Differentiable, as Horovod's: the root gets the gradient averaged over the ranks, the others zero.
+    """
+    if _differentiable(tensor):
+        _process_set(process_set, "hvd.broadcast")
+        return _Broadcast.apply(tensor, root_rank)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank):
+        ctx.root_rank = root_rank
+        return synchronize(broadcast_async(tensor, root_rank))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad.contiguous(), op=Average)
+        return (reduced if runtime.backend().rank == ctx.root_rank else reduced * 0), None
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name=None, process_set: Any = global_process_set) -> Any:
     """Send rows of `tensor` to each rank (``splits[r]`` rows to rank r; default: equal parts) and
-    return the rows received, in rank order; with `splits` given, also how many came from each rank."""
+    return the rows received, in rank order; with `splits` given, also how many came from each rank.
+
+    Differentiable, as Horovod's: the gradient's rows go back where they came from.
+    """
     what = "hvd.alltoall"
     _tensor(tensor, what)
     _process_set(process_set, what)
-    size = _size()
-    sending = _splits(tensor, splits, size, what)
-    if size == 1:
-        received_rows = sending.clone()
-        output = tensor.detach().clone()
+    sending, received = _splits(tensor, splits, _size(), what), {}
+    if _differentiable(tensor):
+        output = _Alltoall.apply(tensor, sending, received)
     else:
-        received = _on_comm_device(torch.empty_like(sending))  # the rows each rank sends here
-        source = _on_comm_device(tensor.detach())
-        with communicating(what):
-            dist.all_to_all_single(received, _on_comm_device(sending))
-            received_rows = received.cpu()
-            output = source.new_empty((int(received_rows.sum()), *tensor.shape[1:]))
-            dist.all_to_all_single(output, source, received_rows.tolist(), sending.tolist())
-        output = output.to(tensor.device)
-    return output if splits is None else (output, received_rows.to(torch.int32))
+        output, received["rows"] = _exchange_rows(tensor.detach(), sending)
+    return output if splits is None else (output, received["rows"].to(torch.int32))
+
+
+def _exchange_rows(tensor: torch.Tensor, sending: torch.Tensor) -> tuple:
+    """(the rows the ranks sent here, how many came from each), `sending[r]` rows of `tensor` going to rank r."""
+    if _size() == 1:
+        return tensor.clone(), sending.clone()
+    received = _on_comm_device(torch.empty_like(sending))
+    source = _on_comm_device(tensor)
+    with communicating("hvd.alltoall"):
+        dist.all_to_all_single(received, _on_comm_device(sending))
+        rows = received.cpu()
+        output = source.new_empty((int(rows.sum()), *tensor.shape[1:]))
+        dist.all_to_all_single(output, source, rows.tolist(), sending.tolist())
+    return output.to(tensor.device), rows
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, sending, received):
+        output, received["rows"] = _exchange_rows(tensor.detach(), sending)
+        ctx.received = received["rows"]
+        return output
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange_rows(grad.contiguous(), ctx.received)[0], None, None
 
 
 def _splits(tensor: torch.Tensor, splits: Any, size: int, what: str) -> torch.Tensor:
@@ -199,11 +261,25 @@ def reducescatter(
     if _op(None, op, what) not in (Average, Sum):
         raise ConfigurationError(f"{what}: op must be hvd.Average or hvd.Sum, as in Horovod, got {OP_NAMES[op]}.")
     _process_set(process_set, what)
-    reduced = allreduce(tensor.detach(), None, name, compression, op, prescale_factor, postscale_factor)
-    size, rank = _size(), runtime.backend().rank
-    base, extra = divmod(tensor.shape[0], size)
-    start = rank * base + min(rank, extra)
-    return reduced[start : start + base + (rank < extra)].clone()
+    return _Reducescatter.apply(tensor, compression, op, prescale_factor, postscale_factor)
+
+
+class _Reducescatter(torch.autograd.Function):
+    """Differentiable as Horovod's: the gradient is every rank's gathered, times size under Sum
+    and times both scale factors."""
+
+    @staticmethod
+    def forward(ctx, tensor, compression, op, prescale, postscale):
+        ctx.scale = (_size() if op == Sum else 1) * prescale * postscale
+        reduced = allreduce(tensor.detach(), None, None, compression, op, prescale, postscale)
+        size, rank = _size(), runtime.backend().rank
+        base, extra = divmod(tensor.shape[0], size)
+        start = rank * base + min(rank, extra)
+        return reduced[start : start + base + (rank < extra)].clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return allgather(grad.contiguous() * ctx.scale), None, None, None, None
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], *args: Any, **kwargs: Any) -> list:
