@@ -51,6 +51,15 @@ def test_in_one_process_every_collective_gives_the_tensor_itself(started):
     hvd.barrier()
 
 
+def test_hvd_init_joins_a_backend_the_script_started_and_leaves_it_running(monkeypatch):
+    monkeypatch.setenv("PARAFLOW_BANNER", "0")
+    with paraflow.init("single") as backend:
+        hvd.init()
+        assert runtime.backend() is backend and hvd.size() == 1
+        hvd.shutdown()
+        assert not hvd.is_initialized() and paraflow.current() is backend  # still the script's
+
+
 @pytest.mark.parametrize(
     "call, words",
     [
