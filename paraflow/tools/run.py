@@ -28,6 +28,7 @@ from ..environment.launchers.openmpi import MPI_YIELD
 from ..errors import BackendUnavailableError, ConfigurationError, ParaflowError
 from ..reliability.last_words import JOB_DIR_ENV, job_ended, new_job_directory
 from .flags import renamed
+from .horovod_api import environment as horovod_api_environment
 from .launch import find_tool, kill_descendants, launch_command, prctl, run_launch
 
 __all__ = ["add_arguments", "run_from_args", "plan_run", "RunPlan"]
@@ -116,6 +117,7 @@ def plan_run(
     port: Optional[int] = None,
     must_exist: bool = True,
     env: Mapping[str, str] = os.environ,
+    horovod_api: bool = False,
 ) -> RunPlan:
     """Plan ``paraflow run``: pick the launcher, hand the backend to `script`, build every command.
 
@@ -129,6 +131,8 @@ def plan_run(
         hosts: "h1:2,h2:2" for a multi-host job (None: this host).
         port: rendezvous port of a multi-host torchrun job (default 29500).
         must_exist: False prints launchers missing here by their bare names (``--dry-run``).
+        horovod_api: make ``import horovod.torch`` in the job's processes import
+            ``paraflow.compat.horovod`` (:mod:`paraflow.tools.horovod_api`), through PYTHONPATH.
 
     Raises:
         BackendUnavailableError: a job on this host only (no `hosts`, not a dry run) with a
@@ -160,10 +164,12 @@ def plan_run(
             for i, (host, _) in enumerate(host_list)
         ]
     else:
-        forward = [BACKEND_VARIABLE] if host_list else []  # local ranks inherit it; remote ones need -x
+        forward = [BACKEND_VARIABLE, *(["PYTHONPATH"] if horovod_api else [])] if host_list else []  # remote: -x
         command = launch_command(chosen, nproc, args, port, env_keys=forward, hosts=host_list, must_exist=must_exist)
         commands = [(None, command)]
     job_env = {BACKEND_VARIABLE: name, **job_environment(chosen, 0 if host_list else nproc, env)}
+    if horovod_api:
+        job_env.update(horovod_api_environment(env))
     return RunPlan(commands, job_env)
 
 
@@ -210,6 +216,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     renamed(parser, "--timeout", use="--job-timeout")
     parser.add_argument("--dry-run", action="store_true", help="print the command(s) and exit")
+    parser.add_argument(
+        "--horovod-api",
+        action="store_true",
+        help="run a script written for Horovod unchanged: its `import horovod.torch` imports paraflow.compat.horovod, "
+        "on the backend --backend names (Horovod need not be installed)",
+    )
     parser.add_argument("script", help="the Python file to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return parser
@@ -226,6 +238,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             args.hosts,
             args.port,
             must_exist=not args.dry_run,
+            horovod_api=args.horovod_api,
         )
         if args.dry_run:
             for host, argv in plan.commands:

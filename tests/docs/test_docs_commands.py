@@ -102,7 +102,10 @@ class PageCommand:
     def expected_backend(self) -> Optional[str]:
         """The backend the banner must name; None for a script that does not use paraflow."""
         script = self.script()
-        if script is None or not re.search(r"paraflow\.(init|launch)\(", script.read_text()):
+        if script is None:
+            return None
+        horovod_api = "--horovod-api" in self.program or "import paraflow.compat.horovod" in script.read_text()
+        if not horovod_api and not re.search(r"paraflow\.(init|launch)\(", script.read_text()):
             return None
         if "--dry-run" in self.program:  # paraflow run prints the command and starts nothing
             return None
@@ -135,7 +138,7 @@ class PageCommand:
 
     def needs_horovod(self) -> bool:
         script = self.script()
-        uses = script is not None and "import horovod" in script.read_text()
+        uses = script is not None and "import horovod" in script.read_text() and "--horovod-api" not in self.program
         return uses or self.program[0] == "horovodrun" or self.expected_backend() == "horovod"
 
 

@@ -78,6 +78,8 @@ class HorovodBackend(Backend):
     COMPRESSIONS = frozenset({"none", "fp16"})
     COMPRESSION_LIMIT = "horovod's allreduce refuses bfloat16"
     LAUNCHERS = ("openmpi", "horovodrun")
+    #: Its processes run horovod.torch itself: paraflow.compat.horovod hands every call to it.
+    NATIVE_API = "horovod.torch"
 
     def __init__(
         self,

@@ -126,6 +126,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "backend and launcher instead of the built-in loop; its arguments go after `--`",
     )
     what.add_argument(
+        "--horovod-api",
+        action="store_true",
+        help="the --script is written for Horovod: its `import horovod.torch` imports paraflow.compat.horovod, "
+        "so it runs on every backend (as paraflow run --horovod-api)",
+    )
+    what.add_argument(
         "--data",
         choices=("synthetic", "digits"),
         default="synthetic",

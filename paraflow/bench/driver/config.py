@@ -70,6 +70,8 @@ class BenchConfig:
         classes: classes of the synthetic batch made for such a module.
         script: a paraflow training script timed instead of the models (script mode).
         script_args: the script's arguments.
+        horovod_api: the script is written for ``horovod.torch``: its import of it imports
+            ``paraflow.compat.horovod`` (``paraflow run --horovod-api``).
         data: "synthetic" (default) or "digits".
         batch_size: samples per process per step (weak scaling: fixed per rank).
         warmup: untimed steps before each timed window, at least; warm-up goes on until step
@@ -134,6 +136,7 @@ class BenchConfig:
     classes: int = 10
     script: Optional[str] = None
     script_args: list = field(default_factory=list)
+    horovod_api: bool = False
     data: str = "synthetic"
     batch_size: int = 32
     warmup: int = 5
@@ -241,6 +244,8 @@ class BenchConfig:
             self.input_shape = tuple(int(s) for s in self.input_shape)
         if int(self.classes) < 1:
             raise ConfigurationError(f"classes={self.classes}: give at least 1 (--classes 10).")
+        if self.horovod_api and not self.script:
+            raise ConfigurationError("--horovod-api runs a script written for Horovod: add --script PATH.")
         if self.script:
             self._script_mode()
         builtin = [m for m in self.models if m.kind == "builtin"]

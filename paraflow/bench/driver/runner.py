@@ -191,7 +191,12 @@ def _script_env(cell: Cell, config: BenchConfig, out_dir: Path) -> dict:
     from ..rank.script_hook import script_env
 
     task = f"train/{cell.models[0]}"
-    return {"PARAFLOW_BACKEND": cell.backend, **script_env(out_dir, config.warmup, config.steps, task)}
+    env = {"PARAFLOW_BACKEND": cell.backend, **script_env(out_dir, config.warmup, config.steps, task)}
+    if config.horovod_api:
+        from ...tools.horovod_api import environment
+
+        env.update(environment(cell_env(cell, config.timeout)))
+    return env
 
 
 def cell_env(cell: Cell, timeout: float, omp_wait: str = "passive") -> dict:

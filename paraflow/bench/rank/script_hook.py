@@ -184,5 +184,43 @@ def install(backend) -> StepCounter:
         return wrapped
 
     backend.wrap_model, backend.wrap_optimizer = counting_model, counting_optimizer
+    _count_horovod_api(counter)
     atexit.register(counter.at_exit)
     return counter
+
+
+def _count_horovod_api(counter: StepCounter) -> None:
+    """A script in Horovod's idiom (``--horovod-api``) wraps no model: count the steps of its
+    ``hvd.DistributedOptimizer`` and the samples of the outermost forward calls of a module that
+    owns the optimizer's parameters."""
+    from ...compat.horovod import runtime as horovod_api
+
+    trained: set = set()  # ids of the DistributedOptimizers' parameters
+    owners: dict = {}  # id(module) -> whether it owns one of them
+    depth = [0]
+
+    def optimizer_made(optimizer) -> None:
+        optimizer.register_step_pre_hook(counter.entered)
+        optimizer.register_step_post_hook(counter.stepped)
+        counter.optimizers += 1
+        if not trained:  # every module's forward is watched from the first one on, in these scripts only
+            torch.nn.modules.module.register_module_forward_pre_hook(before)
+            torch.nn.modules.module.register_module_forward_hook(after, always_call=True)
+        trained.update(id(p) for group in optimizer.param_groups for p in group["params"])
+        owners.clear()
+
+    def before(module, args) -> None:
+        depth[0] += 1
+        if depth[0] > 1:
+            return
+        if id(module) not in owners:
+            owners[id(module)] = any(id(p) in trained for p in module.parameters())
+        if owners[id(module)]:
+            if module not in counter.models:
+                counter.models.append(module)
+            counter.saw_batch(module, args, {})
+
+    def after(module, args, output) -> None:
+        depth[0] -= 1
+
+    horovod_api.watch_optimizers(optimizer_made)
