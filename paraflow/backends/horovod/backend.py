@@ -209,6 +209,14 @@ class HorovodBackend(Backend):
                 f"`mpirun -np {self.world_size} python train.py --backend horovod`."
             )
 
+    def _in_process_recovery(self) -> Any:
+        """Horovod Elastic's restart in process, under horovodrun's elastic mode (else None)."""
+        if self.controller != "gloo" or not self.env.launched_by.launched_elastic(os.environ):
+            return None
+        from .elastic import HorovodRecovery
+
+        return HorovodRecovery(self)
+
     # ---------------------------------------------------------------- training
     def wrap_model(self, model: nn.Module, compile: CompileOption = None) -> nn.Module:
         """Move `model` to this rank's device and give every rank rank 0's parameters and buffers.

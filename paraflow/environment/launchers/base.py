@@ -132,6 +132,12 @@ class Launcher:
     comes_with_torch: bool = False
     #: Across hosts it runs one agent per host, each started with a command of its own.
     agent_per_host: bool = False
+    #: How a job it launched elastically survives a lost worker: "rollback" (the survivors restore
+    #: the last commit in process and go on at the new size), "restart" (every worker is started
+    #: again and restores the last checkpoint), or None (it cannot: a lost worker ends the job).
+    recovery: Optional[str] = None
+    #: How a user launches it elastically (for messages), when it can be.
+    elastic_command: str = ""
 
     # ---------------------------------------------------------------- reading the environment
     def detect(self, env: Mapping[str, str]) -> bool:
@@ -189,6 +195,10 @@ class Launcher:
             who.note,
             who.local_known,
         )
+
+    def launched_elastic(self, env: Mapping[str, str]) -> bool:
+        """Whether the job of `env` was launched to survive a lost worker (see `recovery`)."""
+        return False
 
     def inside_an_allocation(self, env: Mapping[str, str]) -> bool:
         """Whether `env` is inside a job allocation of this launcher's scheduler, where ``paraflow

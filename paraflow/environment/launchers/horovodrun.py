@@ -27,6 +27,15 @@ class Horovodrun(Launcher):
     ends_job_on_a_failed_rank = False  # its gloo ranks wait on a lost peer: paraflow ends the job
     tool = "horovodrun"
     multihost = True
+    recovery = "rollback"
+    elastic_command = (
+        "horovodrun -np N --min-np MIN --max-np MAX --host-discovery-script S "
+        "python train.py --backend horovod --elastic"
+    )
+
+    def launched_elastic(self, env: Mapping[str, str]) -> bool:
+        """Started with ``--min-np``/``--max-np`` or a host-discovery script (horovod's elastic mode)."""
+        return env.get("HOROVOD_ELASTIC") == "1"
 
     def master(self, env: Mapping[str, str]) -> tuple[Optional[str], Optional[int]]:
         """MASTER_ADDR/MASTER_PORT when set, else the host of horovod's rendezvous server."""

@@ -28,6 +28,18 @@ class Torchrun(Launcher):
     multihost = True
     comes_with_torch = True
     agent_per_host = True
+    recovery = "restart"
+    elastic_command = (
+        "torchrun --nnodes MIN:MAX --nproc_per_node N --max-restarts K --rdzv-backend c10d "
+        "--rdzv-endpoint HOST:PORT train.py --elastic"
+    )
+
+    def launched_elastic(self, env: Mapping[str, str]) -> bool:
+        """Its agent restarts the workers: ``--max-restarts`` above 0."""
+        try:
+            return int(env.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0
+        except ValueError:
+            return False
 
     def detect(self, env: Mapping[str, str]) -> bool:
         """RANK with marks of torchrun's own: LOCAL_WORLD_SIZE, or the agent's TORCHELASTIC_RUN_ID
