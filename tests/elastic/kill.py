@@ -1,7 +1,8 @@
-"""Run a launch command and SIGKILL one of its workers once its output shows a given line."""
+"""Run a launch command and signal one of its workers (SIGKILL, SIGSTOP) once its output shows a given line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,23 +33,40 @@ def worker_of_rank(root: int, rank: int) -> Optional[psutil.Process]:
     return None
 
 
-def run_and_kill(cmd: list, env: dict, cwd: str, when: str, rank: int, timeout: float) -> dict:
-    """Start `cmd` in a session of its own; when a line of its output contains `when`, SIGKILL the
-    worker of `rank` (once). Returns returncode, stdout, stderr and the kill's time (or None)."""
+def run_and_kill(
+    cmd: list,
+    env: dict,
+    cwd: str,
+    when: str,
+    rank: int,
+    timeout: float,
+    sig: int = signal.SIGKILL,
+    end_when: Optional[str] = None,
+) -> dict:
+    """Start `cmd` in a session of its own; when a line of its output contains `when`, send `sig` to
+    the worker of `rank` (once); when one contains `end_when`, SIGKILL the whole session. Returns
+    returncode, timed_out, stdout, stderr, the signalled pid (or None) and the seconds from the
+    signal to the first line after it that contains "paraflow elastic:" or `end_when` (or None)."""
     proc = subprocess.Popen(
         cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     out, err, killed = [], [], {}
+    ended = threading.Event()
 
     def pump(stream, lines, watch):
         for line in stream:
             lines.append(line)
+            answer = "paraflow elastic:" in line or bool(end_when and end_when in line)
+            if "at" in killed and "answer" not in killed and answer:
+                killed["answer"] = time.monotonic() - killed["at"]
+            if end_when and end_when in line:
+                ended.set()
             if watch and when in line and "at" not in killed:
                 deadline = time.monotonic() + 10
                 while time.monotonic() < deadline:
                     victim = worker_of_rank(proc.pid, rank)
                     if victim is not None:
-                        victim.send_signal(signal.SIGKILL)
+                        victim.send_signal(sig)
                         killed["at"], killed["pid"] = time.monotonic(), victim.pid
                         break
                     time.sleep(0.05)
@@ -59,13 +77,17 @@ def run_and_kill(cmd: list, env: dict, cwd: str, when: str, rank: int, timeout: 
     ]
     for t in threads:
         t.start()
-    try:
-        proc.wait(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline and not ended.is_set():
+        time.sleep(0.05)
+    timed_out = proc.poll() is None and not ended.is_set()
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for child in _stopped_or_left(killed.get("pid")):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
     for t in threads:
         t.join(timeout=10)
     return {
@@ -74,4 +96,15 @@ def run_and_kill(cmd: list, env: dict, cwd: str, when: str, rank: int, timeout: 
         "stdout": "".join(out),
         "stderr": "".join(err),
         "killed_pid": killed.get("pid"),
+        "answered_after_s": killed.get("answer"),
     }
+
+
+def _stopped_or_left(pid: Optional[int]) -> list:
+    """The signalled worker, if it outlived its session (a stopped process left in another group)."""
+    if pid is None:
+        return []
+    try:
+        return [psutil.Process(pid)]
+    except psutil.NoSuchProcess:
+        return []
