@@ -11,22 +11,24 @@ __all__ = ["ElasticSampler"]
 
 
 class ElasticSampler(ShardSampler):
-    """A :class:`~paraflow.training.sampler.ShardSampler` that records how far the epoch went and
+    """A `paraflow.training.sampler.ShardSampler` that records how far the epoch went and
     deals out the rest of it again when the number of ranks changes.
 
     Its place is counted in samples of the epoch's permutation over all ranks, so it does not
-    depend on the world size: after a membership change (:meth:`reset`) or a restore from a
-    commit (:meth:`load_state_dict`), the samples not yet trained are dealt out among the ranks
+    depend on the world size: after a membership change (`reset`) or a restore from a
+    commit (`load_state_dict`), the samples not yet trained are dealt out among the ranks
     there are now. Every sample of an epoch is trained once, except those of the steps rolled
     back since the last commit, which are trained again. Horovod's ``ElasticSampler`` under the
     same name and calls (``record_batch``, ``set_epoch``).
 
     Args:
         dataset: the dataset, or its length.
-        shuffle, seed, drop_last: as for ShardSampler (``drop_last`` keeps the shards equal at
-            every world size, so the ranks always run the same number of batches).
-        num_replicas, rank: default: the current backend's world size and rank
-            (:func:`paraflow.current`).
+        shuffle: draw a new permutation each epoch (as for ShardSampler).
+        seed: base seed, the same on every rank.
+        drop_last: leave out the remainder so the shards are equal at every world size (the
+            ranks then always run the same number of batches).
+        num_replicas: default: the current backend's world size (`paraflow.current`).
+        rank: default: the current backend's rank.
     """
 
     def __init__(

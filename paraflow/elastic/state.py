@@ -24,7 +24,7 @@ _OWN = frozenset({"backend", "checkpoint", "save_every", "commits", "recoveries"
 
 
 class HostsUpdated(Exception):
-    """Raised on every rank by :meth:`State.commit` when the launcher added or removed hosts: the run
+    """Raised on every rank by `State.commit` when the launcher added or removed hosts: the run
     wrapper re-enters the training function at the new size, from the state as it is (no rollback)."""
 
     def __init__(self, skip_sync: bool) -> None:
@@ -41,16 +41,16 @@ class State:
     ``state_dict``/``load_state_dict`` (optimizer, sampler, scaler, scheduler) are kept by state
     dict, modules unwrapped, anything else (epoch, step, picklable values) as it is.
 
-    :meth:`commit` marks a point the job can go back to. Under horovodrun's elastic mode it is a
+    `commit` marks a point the job can go back to. Under horovodrun's elastic mode it is a
     copy in memory, and the survivors of a lost worker roll back to it in process; under
     torchrun's elastic agent (and any other launcher) every `save_every`-th commit writes
     `checkpoint` (``backend.save``: atomic, sharded under fsdp), which a restarted worker
-    restores. :func:`paraflow.elastic.run` does the restoring.
+    restores. `paraflow.elastic.run` does the restoring.
 
     Args:
         model: the wrapped model.
         optimizer: the wrapped optimizer.
-        backend: default: the current one (:func:`paraflow.current`).
+        backend: default: the current one (`paraflow.current`).
         checkpoint: where commits are written outside horovodrun's elastic mode (default: the
             ``PARAFLOW_ELASTIC_CHECKPOINT`` variable; None: nothing is written, so a restarted
             worker begins again from the start).

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 from conftest import ROOT, requires_horovod
-from kill import run_and_kill
+from elastic_kill import run_and_kill
 
 from paraflow.environment.launchers import free_port
 from paraflow.environment.mpi_library import find_tool

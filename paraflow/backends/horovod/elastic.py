@@ -5,13 +5,16 @@ the surviving workers running when one is lost: their collective fails with horo
 ``HorovodInternalError``; they shut horovod down and start it again (``hvd.shutdown(); hvd.init()``,
 as ``hvd.elastic.run`` does), which meets the driver's new rendezvous at the new size. Added or
 removed hosts reach every worker through horovod's notification service, whose listener is
-:class:`paraflow.elastic.State` (``on_hosts_updated``).
+`paraflow.elastic.State` (``on_hosts_updated``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from ...errors import CollectiveTimeoutError, ParaflowError
+from ...reliability.translation import is_timeout
 
 __all__ = ["HorovodRecovery"]
 
@@ -36,16 +39,22 @@ class HorovodRecovery:
         notification_manager.remove_listener(state)
 
     def lost_peer(self, exc: BaseException) -> bool:
-        """Whether `exc` (or its cause) is horovod's report that a peer left the job."""
+        """Whether `exc` (or its cause) is horovod's report that a peer left the job.
+
+        A timeout is not: the silent peer (stopped, not dead) is still a member to the driver, so
+        a new rendezvous would wait for it; the timeout error ends this worker instead, after the
+        stall report named the silent one.
+        """
         from horovod.common.exceptions import HorovodInternalError
 
-        seen = set()
+        seen, internal = set(), False
         while exc is not None and id(exc) not in seen:
-            if isinstance(exc, HorovodInternalError):
-                return True
+            if isinstance(exc, CollectiveTimeoutError) or (not isinstance(exc, ParaflowError) and is_timeout(exc)):
+                return False
+            internal = internal or isinstance(exc, HorovodInternalError)
             seen.add(id(exc))
             exc = exc.__cause__ or exc.__context__
-        return False
+        return internal
 
     def reset(self) -> None:
         """Start horovod again at the new membership and take this process's new place in it."""

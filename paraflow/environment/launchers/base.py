@@ -221,6 +221,31 @@ class Launcher:
         """The command that starts `script` as `nproc` processes (see tools.launch.launch_command)."""
         raise ConfigurationError(f"paraflow does not start jobs with {self.name}; launch it with `{self.command}`.")
 
+    def elastic_launch_command(
+        self,
+        python: str,
+        nproc: int,
+        min_np: int,
+        max_np: int,
+        script: Sequence[str],
+        *,
+        port: Optional[int],
+        discovery: str,
+        max_restarts: int,
+        must_exist: bool,
+    ) -> list[str]:
+        """The command that starts `script` on this host as `nproc` processes that survive a lost
+        worker (between `min_np` and `max_np` of them where the launcher can change the number);
+        `discovery` is the path of the host-discovery script written for it (see `discovery_script`)."""
+        raise ConfigurationError(
+            f"{self.label or self.name} cannot replace a lost worker; leave --launcher out and "
+            "`paraflow run --elastic` picks the backend's elastic launcher."
+        )
+
+    def discovery_script(self, max_np: int) -> Optional[str]:
+        """The host-discovery script an elastic job on this host needs (None: it needs none)."""
+        return None
+
     def host_commands(
         self,
         python: str,

@@ -63,6 +63,16 @@ class Torchrun(Launcher):
         ]
         return [*run, *where, "--rdzv_backend", "static", "--rdzv_endpoint", endpoint, *script]
 
+    def elastic_launch_command(
+        self, python, nproc, min_np, max_np, script, *, port, discovery, max_restarts, must_exist
+    ) -> list[str]:
+        """One agent that restarts its `nproc` workers up to `max_restarts` times, at a c10d rendezvous
+        (its MIN:MAX counts agents, i.e. hosts: on one host the number of processes stays `nproc`)."""
+        where = ["--nnodes", "1:1", "--nproc_per_node", str(nproc), "--max-restarts", str(max_restarts)]
+        endpoint = f"127.0.0.1:{port or free_port('127.0.0.1')}"
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", uuid.uuid4().hex[:12]]
+        return [python, "-m", "torch.distributed.run", *where, *rendezvous, *script]
+
     def host_commands(
         self,
         python: str,
