@@ -163,7 +163,8 @@ class State:
 
     def sync(self) -> None:
         """Give every rank rank 0's state (a worker that joined has none); a collective call."""
-        snap = broadcast_object(self.backend, self._snapshot() if self.backend.rank == 0 else None, src=0)
+        mine = (self._snapshot(), self._last_update) if self.backend.rank == 0 else None
+        snap, self._last_update = broadcast_object(self.backend, mine, src=0)  # host news heard: rank 0's
         if self.backend.rank != 0:
             self._load(snap)
         if self._in_memory:
