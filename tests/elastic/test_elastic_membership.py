@@ -105,40 +105,40 @@ def horovodrun(log_dir: Path, hosts: Path, np: int) -> list:
     return [tool, *sizes, sys.executable, str(WORKER), str(log_dir), str(EPOCHS)]
 
 
-@requires_horovod
-@pytest.mark.timeout(300)
-def test_horovod_a_host_lost_then_the_job_goes_on_on_one(no_leftovers, tmp_path):
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    proc = start(horovodrun(tmp_path, hosts, 2), {**no_leftovers, "PARAFLOW_BACKEND": "horovod"}, tmp_path)
-    wait_for(tmp_path / "epoch-1", proc)
-    hosts.write_text("localhost:1\n")
-    victim = next(
-        p
-        for p in psutil.Process(proc.pid).children(recursive=True)
-        if p.environ().get("HOROVOD_RANK") == "1" and str(WORKER) in " ".join(p.cmdline())
-    )
-    victim.kill()
-    finish([proc], tmp_path)
-    done = json.loads((tmp_path / "done.json").read_text())
-    assert done["world_size"] == 1 and done["recoveries"] == 1, done
-    assert "going on with 1 processes (were 2)" in output(tmp_path)
-    check_accounting(tmp_path, recoveries=1)
+BOTH = "localhost:1\n127.0.0.1:1\n"
 
 
 @requires_horovod
 @pytest.mark.timeout(300)
-def test_horovod_a_host_added_joins_and_the_epoch_is_dealt_out_again(no_leftovers, tmp_path):
+@pytest.mark.parametrize(
+    ("hosts_before", "hosts_after", "lost", "world", "said"),
+    [
+        pytest.param(BOTH, "localhost:1\n", True, 1, "going on with 1 processes (were 2)", id="lost-2-to-1"),
+        pytest.param(
+            "localhost:1\n",
+            BOTH,
+            False,
+            2,
+            "hosts were added or removed; going on with 2 processes (were 1)",
+            id="added-1-to-2",
+        ),
+    ],
+)
+def test_horovod_a_host_lost_or_added_mid_epoch(no_leftovers, tmp_path, hosts_before, hosts_after, lost, world, said):
     hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n")
-    proc = start(horovodrun(tmp_path, hosts, 1), {**no_leftovers, "PARAFLOW_BACKEND": "horovod"}, tmp_path)
+    hosts.write_text(hosts_before)
+    np = hosts_before.count("\n")
+    proc = start(horovodrun(tmp_path, hosts, np), {**no_leftovers, "PARAFLOW_BACKEND": "horovod"}, tmp_path)
     wait_for(tmp_path / "epoch-1", proc)
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    hosts.write_text(hosts_after)
+    if lost:  # the host's worker dies with it
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        next(p for p in workers if p.environ().get("HOROVOD_RANK") == "1" and str(WORKER) in p.cmdline()).kill()
     finish([proc], tmp_path)
     done = json.loads((tmp_path / "done.json").read_text())
-    assert done["world_size"] == 2 and done["recoveries"] == 0 and done["resets"] == [2], done
-    assert "hosts were added or removed; going on with 2 processes (were 1)" in output(tmp_path)
-    check_accounting(tmp_path, recoveries=0)
+    assert done["world_size"] == world and done["recoveries"] == int(lost) and done["resets"] == [world], done
+    assert said in output(tmp_path)
+    check_accounting(tmp_path, recoveries=int(lost))
 
 
 def torchrun_agent(log_dir: Path, endpoint: str, hosts_the_store: bool) -> list:
