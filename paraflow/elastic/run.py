@@ -137,7 +137,7 @@ def _from_checkpoint(func: Callable, state: State, mode: str, args: tuple, kwarg
         launcher = backend.env.launched_by
         able = "; ".join(f"`{x.elastic_command}`" for x in registered_launchers() if x.elastic_command)
         raise NotElasticError(
-            f"{_first_line(exc)}\n{launcher.label or launcher.name} was not launched to replace a lost worker "
+            f"{exc}\n{launcher.label or launcher.name} was not launched to replace a lost worker "
             f"(it cannot, or was started without its elastic options), so this elastic job ends here. "
             f"Launch it elastically: {able}."
         ) from exc
@@ -152,6 +152,7 @@ def _launcher_with(recovery: str) -> Any:
     return next(x for x in registered_launchers() if x.recovery == recovery)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return f"{type(exc).__name__}: {text}"
