@@ -1,22 +1,25 @@
 """Elastic training across emulated hosts: the second host is lost mid-run (2 hosts -> 1) and the job
-goes on, with every sample of each epoch trained once outside the steps rolled back
-(tests/elastic/elastic_accounting.py).
+goes on, and under horovod a host is added (1 -> 2) and joins; every sample of each epoch is
+trained once outside the steps rolled back (tests/elastic/elastic_accounting.py).
 
+horovodrun: its elastic mode on the first host, which reaches the second through the cluster's
+ssh stand-in, the hosts listed by a discovery script the test edits.
 torchrun: one elastic agent per host at a c10d rendezvous served by the first host, commits in a
-checkpoint both hosts read (one file system). The host is lost by killing every process in its
+checkpoint both hosts read (one file system). A host is lost by killing every process in its
 namespace.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from clusterkit import cluster_fixture, job_env  # noqa: F401
-from conftest import ROOT
+from conftest import ROOT, requires_horovod
 
 from paraflow.environment.launchers import HostCommand, free_port
 from paraflow.tools.cluster import IFNAME, ClusterJob, kill_namespace_processes
@@ -57,3 +60,45 @@ def test_ddp_gloo_torchrun_a_host_lost_the_other_restarts_from_the_commit(cluste
     assert done["recoveries"] == 1 and done["world_size"] == 1, done
     assert "going on with 1 processes" in first.stderr
     check_accounting(tmp_path, recoveries=1)
+
+
+@requires_horovod
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("lost", [True, False], ids=["lost-2-to-1", "added-1-to-2"])
+def test_horovod_horovodrun_a_host_lost_or_added(cluster, tmp_path, lost):
+    from paraflow.environment.mpi_library import find_tool
+
+    # A job whose hosts are all the launching one takes loopback for good (horovod picks the
+    # interfaces once, at the start), so the one-host job runs on the other host.
+    both = "".join(f"{host.address}:1\n" for host in cluster.hosts)
+    first = f"{cluster.hosts[0 if lost else 1].address}:1\n"
+    hosts = tmp_path / "hosts"
+    hosts.write_text(both if lost else first)
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    run = [find_tool("horovodrun") or "horovodrun", "-np", "2" if lost else "1", "--min-np", "1", "--max-np", "2"]
+    run += ["--network-interface", IFNAME, "--host-discovery-script", str(discover)]
+    run += [sys.executable, str(WORKER), str(tmp_path), str(EPOCHS)]
+    path = str(Path(cluster.ssh_agent).parent) + ":" + os.environ.get("PATH", "")
+    env = job_env(PARAFLOW_BACKEND="horovod", PATH=path)
+    command = HostCommand(cluster.hosts[0].name, run, {"GLOO_SOCKET_IFNAME": IFNAME})
+    job = ClusterJob(cluster, [command], env=env, cwd=str(ROOT))
+    try:
+        try:
+            wait_for(tmp_path / "epoch-1", job)
+        except AssertionError:
+            (result,) = job.wait(10)
+            raise AssertionError(result.stdout[-3000:] + result.stderr[-5000:]) from None
+        hosts.write_text(first if lost else both)
+        if lost:
+            kill_namespace_processes(cluster.hosts[1].namespace)  # the second host goes away
+        (result,) = job.wait(200)
+    finally:
+        job.kill()
+    text = result.stdout + result.stderr
+    assert not result.timed_out and result.returncode == 0, text[-6000:]
+    done = json.loads((tmp_path / "done.json").read_text())
+    assert done["recoveries"] == int(lost) and done["world_size"] == (1 if lost else 2), done
+    assert ("going on with 1 processes (were 2)" if lost else "going on with 2 processes (were 1)") in text
+    check_accounting(tmp_path, recoveries=int(lost))
