@@ -18,6 +18,11 @@ Training features, the same on every backend:
     --drop-last / --join on         # equal shards, or ranks with fewer batches join early
     --checkpoint ckpt.pt --save-every 100 --resume ckpt.pt
     --export full.pt                # fsdp: one unsharded file that ddp, horovod, single resume from
+
+Elastic (paraflow.elastic, docs/elastic.md): a lost worker costs the steps since the last commit:
+    horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script S python train.py --backend horovod --elastic
+    torchrun --nnodes 1:2 --nproc_per_node 2 --max-restarts 2 --rdzv-backend c10d \
+        --rdzv-endpoint 127.0.0.1:29400 train.py --backend ddp-gloo --elastic
 """
 
 from __future__ import annotations
@@ -90,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=int, default=0, help="optimizer steps between checkpoints (0: end only)")
     p.add_argument("--resume", default=None, help="continue from this checkpoint (written under any backend)")
     p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="survive lost and added workers (horovodrun --min-np/--max-np, torchrun --max-restarts); docs/elastic.md",
+    )
+    p.add_argument(
+        "--commit-every", type=int, default=10, metavar="N", help="--elastic: optimizer steps between commits"
+    )
+    p.add_argument(
         "--export",
         default=None,
         help="at the end, also write a full checkpoint any backend resumes from (fsdp: unsharded)",
@@ -135,6 +148,73 @@ def check_progress(progress: dict) -> dict:
     return {"epoch": progress["epoch"], "sample": 0, "step": progress["step"]}
 
 
+def train_elastic(args: argparse.Namespace, backend: paraflow.Backend, model, optimizer, scaler, data) -> dict:
+    """The same training under paraflow.elastic: it goes on after a worker is lost or hosts change.
+
+    Every sample of an epoch is trained once, except those of the steps since the last commit
+    when a worker is lost (trained again); equal shards (drop_last) keep the ranks in step.
+    """
+    if args.accumulation_steps != 1 or args.join == "on" or args.max_steps:
+        raise ConfigurationError("--elastic trains without --accumulation-steps, --join on and --max-steps.")
+    if args.commit_every < 1:
+        raise ConfigurationError(f"--commit-every must be 1 or more steps, got {args.commit_every}.")
+    train_set, test_set = data
+    sampler = paraflow.elastic.ElasticSampler(train_set, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    state = paraflow.elastic.State(
+        model, optimizer, backend=backend, checkpoint=args.checkpoint, scaler=scaler, sampler=sampler, epoch=0, step=0
+    )
+    if args.resume:
+        backend.load(args.resume, state.entries())
+    record = RunRecord(backend, model=args.model, data=args.data, batch_size=args.batch_size, elastic=True)
+
+    @paraflow.elastic.run
+    def train(state: paraflow.elastic.State) -> dict:
+        epoch_loss = accuracy = float("nan")
+        for epoch in range(state.epoch, args.epochs):
+            state.epoch = epoch
+            sampler.set_epoch(epoch)
+            loss_sum, batches = torch.zeros((), dtype=torch.float64), 0
+            for batch, (x, y) in enumerate(loader):
+                with record.batch():
+                    with backend.autocast():
+                        loss = F.cross_entropy(model(x.to(backend.device)), y.to(backend.device))
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+                    optimizer.zero_grad(set_to_none=True)
+                loss_sum += loss.detach().cpu().double()
+                batches += 1
+                state.step += 1
+                sampler.record_batch(batch, args.batch_size)
+                if state.step % args.commit_every == 0:
+                    state.commit()
+            state.epoch = epoch + 1
+            state.commit()
+            epoch_loss = backend.allreduce(loss_sum / max(batches, 1), op="mean").item()
+            accuracy = evaluate(backend, model, test_set)
+            if backend.is_main:
+                print(
+                    f"epoch {epoch + 1}/{args.epochs}  loss {epoch_loss:.4f}  held-out accuracy {accuracy:.2%}  "
+                    f"{backend.world_size} processes  {record.elapsed():.1f}s",
+                    flush=True,
+                )
+        return record.finish(
+            model,
+            json_out=args.json_out,
+            steps=state.step,
+            epochs_run=state.epoch,
+            final_loss=epoch_loss,
+            accuracy=accuracy,
+            recoveries=state.recoveries,
+        )
+
+    result = train(state)
+    if args.export:
+        backend.export(args.export, state.entries())
+    return result
+
+
 @record  # under torchrun, a failing rank's traceback becomes the job's reported root cause
 def main(argv=None) -> dict:
     args = parse_args(argv)
@@ -146,15 +226,17 @@ def main(argv=None) -> dict:
     with paraflow.init(args.backend, **options) as backend:
         torch.manual_seed(args.seed)
         train_set, test_set = load_dataset(args.data, seed=args.seed)
+        # compile= only when asked: a backend registered from outside may predate it
+        model = backend.wrap_model(build_model(args.model), **({"compile": True} if args.compile else {}))
+        optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), model)
+        scaler = backend.grad_scaler()
+        if args.elastic:
+            return train_elastic(args, backend, model, optimizer, scaler, (train_set, test_set))
         sampler = backend.distributed_sampler(train_set, shuffle=True, seed=args.seed, drop_last=args.drop_last)
         # Its own generator, so iterating the loader leaves the global RNG (checkpointed) alone.
         loader = DataLoader(
             train_set, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator().manual_seed(args.seed)
         )
-        # compile= only when asked: a backend registered from outside may predate it
-        model = backend.wrap_model(build_model(args.model), **({"compile": True} if args.compile else {}))
-        optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), model)
-        scaler = backend.grad_scaler()
         # Where the next batch starts, in samples of the epoch over all ranks (so a run may resume
         # under another number of ranks); a checkpoint holds it with everything training changes.
         progress = {"epoch": 0, "sample": 0, "step": 0}

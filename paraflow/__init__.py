@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 
 from . import (
     backends,  # noqa: F401  (registers the built-in backends)
+    elastic,  # noqa: F401  (paraflow.elastic: training that survives lost workers)
     errors,
 )
 from .core.backend import Backend

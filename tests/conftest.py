@@ -33,6 +33,8 @@ LONG_SETS = {
     "tests/backends/fsdp/test_fsdp_checkpoint.py",
     "tests/backends/fsdp/test_fsdp_train_script.py",
     "tests/docs/test_porting_guide.py",
+    "tests/elastic/test_elastic_launch.py",
+    "tests/elastic/test_elastic_membership.py",
     "tests/environment/test_mpich_launcher.py",
     "tests/reliability/test_first_failure.py",
     "tests/reliability/test_rank_failures.py",

@@ -206,6 +206,18 @@ class Backend(TrainingFeatures, Collectives, abc.ABC):
             end_last_words(self._activity, self._last_words, clean=not self._leaving_on_error)
             self._shutdown()
 
+    def _restart_stall_watch(self) -> None:
+        """After the membership changed: the stall report watches the ranks there are now (a
+        collective call), with this rank's record as it was."""
+        if self._stall is not None:
+            self._stall.stop()
+        self._activity, self._stall = start_stall_watch(self, self._activity)
+
+    def _in_process_recovery(self) -> Any:
+        """How this backend's survivors of a lost worker go on in process, when its launcher
+        allows it (horovod under horovodrun's elastic mode), else None."""
+        return None
+
     def __enter__(self) -> Backend:
         return self.init()
 

@@ -46,6 +46,7 @@ class RunPlan:
 
     commands: list  # (host or None, argv)
     env: dict = field(default_factory=dict)  # added (value) or removed (None) for the job
+    files: dict = field(default_factory=dict)  # path -> text, written (executable) before the job starts
 
     def shown(self, argv: Sequence[str]) -> str:
         """`argv` as a shell line, preceded by the variables the job sets."""
@@ -68,6 +69,48 @@ def parse_hosts(text: str) -> list[tuple[str, int]]:
     if not hosts or len(set(names)) != len(names):
         raise ConfigurationError(f"--hosts {text!r}: give each host once, like --hosts node1:4,node2:4.")
     return hosts
+
+
+def parse_elastic(text: str) -> tuple[int, int]:
+    """``"1:2"`` -> ``(1, 2)``: the fewest and the most processes of an elastic job."""
+    match = re.fullmatch(r"(\d+):(\d+)", text.strip())
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        raise ConfigurationError(
+            f"--elastic {text!r}: write MIN:MAX processes with 1 <= MIN <= MAX, like --elastic 1:2."
+        )
+    return int(match.group(1)), int(match.group(2))
+
+
+def _elastic_plan(
+    backend: str, requested: str, nproc: Optional[int], elastic: str, max_restarts: int, job_dir: str, must_exist: bool
+) -> tuple[str, list, dict, int]:
+    """An elastic job on this host: its launcher, its command (the script not yet added), the files
+    it needs and its starting number of processes."""
+    low, high = parse_elastic(elastic)
+    nproc = nproc or high
+    if not low <= nproc <= high:
+        raise ConfigurationError(f"-n {nproc} is outside --elastic {elastic}; start with MIN <= -n <= MAX processes.")
+    if max_restarts < 0:
+        raise ConfigurationError(f"--max-restarts must not be negative, got {max_restarts}.")
+    able = [tool for tool in _backend_class(backend).launch_programs() if launcher_for_tool(tool).recovery]
+    chosen = (able or [None])[0] if requested == "auto" else requested
+    if chosen is None:
+        raise ConfigurationError(f"backend {backend!r} has no elastic launcher; use --backend ddp or horovod.")
+    launcher = launcher_for_tool(chosen)
+    script = launcher.discovery_script(high)
+    discovery = os.path.join(job_dir, "discover-hosts.sh")
+    argv = launcher.elastic_launch_command(
+        sys.executable,
+        nproc,
+        low,
+        high,
+        [],
+        port=None,
+        discovery=discovery,
+        max_restarts=max_restarts,
+        must_exist=must_exist,
+    )
+    return chosen, argv, ({discovery: script} if script else {}), nproc
 
 
 def _backend_class(backend: str) -> type:
@@ -118,6 +161,9 @@ def plan_run(
     must_exist: bool = True,
     env: Mapping[str, str] = os.environ,
     horovod_api: bool = False,
+    elastic: Optional[str] = None,
+    max_restarts: int = 3,
+    job_dir: str = "JOB_DIR",
 ) -> RunPlan:
     """Plan ``paraflow run``: pick the launcher, hand the backend to `script`, build every command.
 
@@ -133,6 +179,9 @@ def plan_run(
         must_exist: False prints launchers missing here by their bare names (``--dry-run``).
         horovod_api: make ``import horovod.torch`` in the job's processes import
             ``paraflow.compat.horovod`` (:mod:`paraflow.tools.horovod_api`), through PYTHONPATH.
+        elastic: "MIN:MAX" processes: a job on this host that survives lost workers (the script
+            uses paraflow.elastic): horovodrun's elastic mode for horovod, with a host-discovery
+            script written to `job_dir`, else torchrun with `max_restarts` restarts.
 
     Raises:
         BackendUnavailableError: a job on this host only (no `hosts`, not a dry run) with a
@@ -143,7 +192,7 @@ def plan_run(
         raise ConfigurationError("paraflow run needs a script: paraflow run -n 2 train.py [ARGS...]")
     host_list = parse_hosts(hosts) if hosts else None
     total = sum(n for _, n in host_list) if host_list else None
-    nproc = nproc or total or 1
+    given, nproc = nproc, nproc or total or 1
     if nproc < 1:
         raise ConfigurationError(f"-n must be at least 1, got {nproc}.")
     if total is not None and total != nproc:
@@ -156,6 +205,14 @@ def plan_run(
         )
     if must_exist and not host_list:
         _refuse_unavailable(name)
+    if elastic:
+        if host_list:
+            raise ConfigurationError("--elastic starts a job on this host; for several hosts see docs/elastic.md.")
+        chosen, argv, files, nproc = _elastic_plan(name, launcher, given, elastic, max_restarts, job_dir, must_exist)
+        job_env = {BACKEND_VARIABLE: name, **job_environment(chosen, nproc, env)}
+        if horovod_api:
+            job_env.update(horovod_api_environment(env))
+        return RunPlan([(None, argv + list(script))], job_env, files)
     chosen = choose_launcher(name, launcher, env)
     args = list(script)
     if host_list and launcher_for_tool(chosen).agent_per_host:  # one agent per host: a command for each
@@ -215,6 +272,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="seconds the whole job may run before every process is killed (default: no limit)",
     )
     renamed(parser, "--timeout", use="--job-timeout")
+    parser.add_argument(
+        "--elastic",
+        default=None,
+        metavar="MIN:MAX",
+        help="a job on this host that survives lost workers (the script uses paraflow.elastic): horovod under "
+        "horovodrun --min-np MIN --max-np MAX, other backends under torchrun --max-restarts (docs/elastic.md)",
+    )
+    parser.add_argument(
+        "--max-restarts", type=int, default=3, help="--elastic under torchrun: restarts of the workers (default 3)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the command(s) and exit")
     parser.add_argument(
         "--horovod-api",
@@ -229,6 +296,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run ``paraflow run``; returns the job's exit status (2: bad arguments, 124: past --job-timeout)."""
+    records = None if args.dry_run else new_job_directory()  # where the ranks on this host keep their last words
     try:
         plan = plan_run(
             [args.script, *args.args],
@@ -239,20 +307,30 @@ def run_from_args(args: argparse.Namespace) -> int:
             args.port,
             must_exist=not args.dry_run,
             horovod_api=args.horovod_api,
+            elastic=args.elastic,
+            max_restarts=args.max_restarts,
+            job_dir=str(records) if not args.dry_run else "JOB_DIR",
         )
         if args.dry_run:
+            for path, text in plan.files.items():
+                print(f"# {path}:\n" + "".join(f"#   {line}\n" for line in text.splitlines()), end="")
             for host, argv in plan.commands:
                 print((f"# on {host}\n" if host else "") + plan.shown(argv))
             return 0
         argv = _command_for_this_host(plan, args.node_rank)
     except ParaflowError as exc:
         print(f"paraflow run: {exc}", file=sys.stderr)
+        if records is not None:
+            job_ended(records)
         return 2
+    for path, text in plan.files.items():
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o755)
     removed = sorted(k for k, v in plan.env.items() if v is None)
     if removed:
         print(f"paraflow run: not passing on the parent job's {', '.join(removed)}", file=sys.stderr)
     print(f"paraflow run: {plan.shown(argv)}", flush=True)
-    records = new_job_directory()  # where the ranks on this host keep their last words
     code = _execute(argv, {**plan.env, JOB_DIR_ENV: str(records)}, args.job_timeout)
     job_ended(records)
     return code

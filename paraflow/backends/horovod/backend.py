@@ -211,9 +211,18 @@ class HorovodBackend(Backend):
                 f"`mpirun -np {self.world_size} python train.py --backend horovod`."
             )
 
+    def _in_process_recovery(self) -> Any:
+        """Horovod Elastic's restart in process, under horovodrun's elastic mode (else None)."""
+        if self.controller != "gloo" or not self.env.launched_by.launched_elastic(os.environ):
+            return None
+        from .elastic import HorovodRecovery
+
+        return HorovodRecovery(self)
+
     # ---------------------------------------------------------------- training
     def wrap_model(self, model: nn.Module, compile: CompileOption = None) -> nn.Module:
-        """Move `model` to this rank's device and give every rank rank 0's parameters and buffers.
+        """Move `model` to this rank's device and give every rank rank 0's parameters and buffers
+        (under horovodrun's elastic mode, `paraflow.elastic.run` does that instead).
 
         Horovod puts no wrapper around the model; gradients are averaged by the optimizer that
         :meth:`wrap_optimizer` returns, from hooks on the parameters' gradient accumulators,
@@ -223,9 +232,16 @@ class HorovodBackend(Backend):
         options = compile_options(compile)
         model = model.to(self.device)
         what = "broadcast of the model's parameters and buffers in wrap_model"
-        with self.horovod_errors(what), self.bounded(what):
-            hvd.broadcast_parameters(uncompiled(model).state_dict(), root_rank=0)
+        if not self._state_synced_by_elastic_run():
+            with self.horovod_errors(what), self.bounded(what):
+                hvd.broadcast_parameters(uncompiled(model).state_dict(), root_rank=0)
         return self._mark_model(compile_model(model, options))
+
+    def _state_synced_by_elastic_run(self) -> bool:
+        """Under horovodrun's elastic mode `paraflow.elastic.run` gives every rank rank 0's state as
+        it enters the training function: a worker that joins later must not broadcast in
+        wrap_model or wrap_optimizer, where the others are not (Horovod Elastic's own rule)."""
+        return self._in_process_recovery() is not None
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The model itself (horovod does not wrap it), without torch.compile's wrapper."""

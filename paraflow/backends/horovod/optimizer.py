@@ -84,6 +84,8 @@ def _broadcast_optimizer_state(
     with a zero-gradient step (which counts as a step for Adam and moves parameters under
     weight decay), so then only the hyperparameters are broadcast.
     """
+    if backend._state_synced_by_elastic_run():
+        return
     what = "broadcast of the optimizer state in wrap_optimizer"
     with backend.horovod_errors(what), backend.bounded(what):
         if hvd.broadcast_object(

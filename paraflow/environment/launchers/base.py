@@ -132,6 +132,12 @@ class Launcher:
     comes_with_torch: bool = False
     #: Across hosts it runs one agent per host, each started with a command of its own.
     agent_per_host: bool = False
+    #: How a job it launched elastically survives a lost worker: "rollback" (the survivors restore
+    #: the last commit in process and go on at the new size), "restart" (every worker is started
+    #: again and restores the last checkpoint), or None (it cannot: a lost worker ends the job).
+    recovery: Optional[str] = None
+    #: How a user launches it elastically (for messages), when it can be.
+    elastic_command: str = ""
 
     # ---------------------------------------------------------------- reading the environment
     def detect(self, env: Mapping[str, str]) -> bool:
@@ -190,6 +196,10 @@ class Launcher:
             who.local_known,
         )
 
+    def launched_elastic(self, env: Mapping[str, str]) -> bool:
+        """Whether the job of `env` was launched to survive a lost worker (see `recovery`)."""
+        return False
+
     def inside_an_allocation(self, env: Mapping[str, str]) -> bool:
         """Whether `env` is inside a job allocation of this launcher's scheduler, where ``paraflow
         run`` starts jobs with it by default."""
@@ -210,6 +220,31 @@ class Launcher:
     ) -> list[str]:
         """The command that starts `script` as `nproc` processes (see tools.launch.launch_command)."""
         raise ConfigurationError(f"paraflow does not start jobs with {self.name}; launch it with `{self.command}`.")
+
+    def elastic_launch_command(
+        self,
+        python: str,
+        nproc: int,
+        min_np: int,
+        max_np: int,
+        script: Sequence[str],
+        *,
+        port: Optional[int],
+        discovery: str,
+        max_restarts: int,
+        must_exist: bool,
+    ) -> list[str]:
+        """The command that starts `script` on this host as `nproc` processes that survive a lost
+        worker (between `min_np` and `max_np` of them where the launcher can change the number);
+        `discovery` is the path of the host-discovery script written for it (see `discovery_script`)."""
+        raise ConfigurationError(
+            f"{self.label or self.name} cannot replace a lost worker; leave --launcher out and "
+            "`paraflow run --elastic` picks the backend's elastic launcher."
+        )
+
+    def discovery_script(self, max_np: int) -> Optional[str]:
+        """The host-discovery script an elastic job on this host needs (None: it needs none)."""
+        return None
 
     def host_commands(
         self,

@@ -28,6 +28,18 @@ class Torchrun(Launcher):
     multihost = True
     comes_with_torch = True
     agent_per_host = True
+    recovery = "restart"
+    elastic_command = (
+        "torchrun --nnodes MIN:MAX --nproc_per_node N --max-restarts K --rdzv-backend c10d "
+        "--rdzv-endpoint HOST:PORT train.py --elastic"
+    )
+
+    def launched_elastic(self, env: Mapping[str, str]) -> bool:
+        """Its agent restarts the workers: ``--max-restarts`` above 0."""
+        try:
+            return int(env.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0
+        except ValueError:
+            return False
 
     def detect(self, env: Mapping[str, str]) -> bool:
         """RANK with marks of torchrun's own: LOCAL_WORLD_SIZE, or the agent's TORCHELASTIC_RUN_ID
@@ -50,6 +62,16 @@ class Torchrun(Launcher):
             str(hosts[node_rank][1]),
         ]
         return [*run, *where, "--rdzv_backend", "static", "--rdzv_endpoint", endpoint, *script]
+
+    def elastic_launch_command(
+        self, python, nproc, min_np, max_np, script, *, port, discovery, max_restarts, must_exist
+    ) -> list[str]:
+        """One agent that restarts its `nproc` workers up to `max_restarts` times, at a c10d rendezvous
+        (its MIN:MAX counts agents, i.e. hosts: on one host the number of processes stays `nproc`)."""
+        where = ["--nnodes", "1:1", "--nproc_per_node", str(nproc), "--max-restarts", str(max_restarts)]
+        endpoint = f"127.0.0.1:{port or free_port('127.0.0.1')}"
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", uuid.uuid4().hex[:12]]
+        return [python, "-m", "torch.distributed.run", *where, *rendezvous, *script]
 
     def host_commands(
         self,
