@@ -258,11 +258,5 @@ def __getattr__(name: str) -> Any:
 
 
 def _elastic() -> Any:
-    if importlib.util.find_spec("paraflow.elastic") is None:
-        if runtime.native() is not None:
-            return runtime.native().elastic
-        raise AttributeError(
-            "hvd.elastic: paraflow's elastic training (paraflow.elastic) is not part of this installation; "
-            "run on Horovod itself (paraflow run --backend horovod) for horovod.torch.elastic."
-        )
+    """paraflow.elastic, whose names are Horovod Elastic's, on every backend (docs/elastic.md)."""
     return importlib.import_module("paraflow.elastic")
