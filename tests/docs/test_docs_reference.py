@@ -134,7 +134,6 @@ def test_help_text_is_escaped_for_a_markdown_table():
 
 def test_the_docs_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]' (make docs does it)")
-    pytest.importorskip("mkdocs_gen_files", reason="mkdocs-gen-files is not installed: pip install -e '.[docs]'")
     pytest.importorskip("mkdocstrings", reason="mkdocstrings is not installed: pip install -e '.[docs]'")
     env = {"NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true", "PATH": "/usr/bin:/bin"}
     env["PYTHONPATH"] = str(ROOT)
