@@ -340,7 +340,7 @@ class HorovodBackend(Backend):
     def _raise_failure(self, collective: str, tensor: Any, argument: Any, exc: Exception, started: float) -> None:
         what = {"allreduce": f"allreduce ({argument})", "broadcast": f"broadcast from rank {argument}"}
         what = collective if tensor is None else f"{what.get(collective, collective)} of a {_describe(tensor)}"
-        self._raise_horovod_error(what, exc, started)
+        self._raise_horovod_error(what, exc, started, collective=collective)
 
     # ---------------------------------------------------------------- helpers
     def _wait(self, handle: int) -> Any:
@@ -405,8 +405,9 @@ class HorovodBackend(Backend):
         """
         return _HorovodErrors(self, what)
 
-    def _raise_horovod_error(self, what: str, exc: Exception, start: float) -> None:
-        """Raise the paraflow error for horovod's `exc` in `what`, begun at time.monotonic() `start`."""
+    def _raise_horovod_error(self, what: str, exc: Exception, start: float, collective: Optional[str] = None) -> None:
+        """Raise the paraflow error for horovod's `exc` in `what`, begun at time.monotonic() `start`; a
+        timeout or a lost rank in a public `collective` is named as on every other backend."""
         if isinstance(exc, ParaflowError):  # translated inside: named again here only if it was translated
             if getattr(exc, "original", None) is None:
                 return
@@ -414,7 +415,7 @@ class HorovodBackend(Backend):
         if isinstance(exc, ValueError):  # horovod refuses the tensor itself (dtype, layout)
             raise ConfigurationError(f"horovod cannot run the {what}: {exc}") from exc
         waited = time.monotonic() - min(start, getattr(self, "_progress_at", start))
-        translated = translate_on(self, exc, f"horovod {what}", waited)  # a timeout or a lost rank
+        translated = translate_on(self, exc, collective or f"horovod {what}", waited)  # a timeout or a lost rank
         if translated is not None:
             raise translated from exc
         if str(exc).startswith("Mismatched"):  # the coordinator's answer to every rank: name each one's call
