@@ -15,6 +15,7 @@ the log scale, paraflow.bench.report.intervals), as the benchmark's other figure
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,11 +57,12 @@ def worker(log_path: str, commit_every: int) -> None:
         train(state)
 
 
-def launch(kind: str, directory: Path, commit_every: int) -> tuple[float, int]:
-    """One launch of `kind` ("horovod" or "ddp-gloo"): (seconds to recover, steps lost)."""
+def launch(kind: str, directory: Path, commit_every: int) -> tuple[float, int, str]:
+    """One launch of `kind` ("horovod" or "ddp-gloo"): (seconds to recover, steps lost, rank 0's
+    start-up line: what ran)."""
     log = directory / "steps"
     me = [sys.executable, __file__, "--worker", str(log), str(commit_every)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PARAFLOW_NUM_THREADS": "1", "PARAFLOW_BANNER": "0"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PARAFLOW_NUM_THREADS": "1"}
     if kind == "horovod":
         discover = directory / "discover.sh"
         discover.write_text("#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
@@ -100,7 +102,9 @@ def launch(kind: str, directory: Path, commit_every: int) -> tuple[float, int]:
     before = max(int(step) for t, step, life, rank in rows if life == "0" and float(t) <= killed_at)
     after = [(float(t), int(step)) for t, step, life, rank in rows if life != "0"]
     first_time, first_step = min(after)
-    return first_time - killed_at, before - (first_step - 1)
+    output = (directory / "output").read_text().splitlines()
+    banner = next((line for line in output if re.search(r"paraflow: [\w.-]+ over ", line)), "")
+    return first_time - killed_at, before - (first_step - 1), banner
 
 
 def main() -> None:
@@ -120,8 +124,9 @@ def main() -> None:
         for _ in range(launches):
             with tempfile.TemporaryDirectory(prefix="pf-elastic-bench-") as directory:
                 results.append(launch(kind, Path(directory), commit_every))
-        seconds = estimate([[s] for s, _ in results], "mean", "elastic", kind, "seconds")
-        lost = [n for _, n in results]
+        print(results[0][2], file=sys.stderr)  # what ran: backend, launcher, threads
+        seconds = estimate([[s] for s, _, _ in results], "mean", "elastic", kind, "seconds")
+        lost = [n for _, n, _ in results]
         print(
             f"{what:<34}{seconds.value:>10.2f} [{seconds.low:.2f}, {seconds.high:.2f}]"
             f"{'':>6}{sum(lost) / len(lost):>10.1f} (of {min(lost)}-{max(lost)})"
