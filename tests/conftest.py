@@ -105,6 +105,19 @@ LONG_CASES = {
     "tests/bench/test_bench_compile.py::test_the_compiled_launches_ran_compiled_models",
     "tests/training/test_compiled.py::test_torchs_own_compiler_trains_singles_parameters_on_ddp",
     "tests/training/test_compiled.py::test_train_py_compile_runs_as_the_docs_print_it",
+    "tests/training/test_compiled.py::test_a_compiled_model_trains_singles_parameters_and_its_graph_runs"
+    "[fsdp-wrap_compiled]",
+    "tests/training/test_compiled.py::test_a_compiled_model_trains_singles_parameters_and_its_graph_runs"
+    "[fsdp-compile_wrapped]",
+    "tests/training/test_compiled.py::test_a_compiled_model_trains_singles_parameters_and_its_graph_runs"
+    "[horovod-wrap_compiled]",
+    "tests/training/test_compiled.py::test_a_compiled_model_trains_singles_parameters_and_its_graph_runs"
+    "[horovod-compile_wrapped]",
+    "tests/reliability/test_bad_input.py::test_taken_port_started_by_hand_is_named_and_nobody_waits_forever[ddp-gloo]",
+    "tests/reliability/test_bad_input.py::test_world_size_larger_than_the_started_processes[ddp-gloo]",
+    "tests/reliability/test_stall.py::test_save_under_if_rank_0_gives_a_stall_report_naming_both_calls_and_the_fix"
+    "[ddp-gloo-torchrun]",
+    "tests/tools/test_comm_check.py::test_single_ddp_gloo_and_horovod_pass_here",
 }
 
 
