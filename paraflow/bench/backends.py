@@ -46,6 +46,7 @@ _DDP = BenchFacts(raw_loop=_BACKENDS + "ddp.raw_loop:RawDDP", collectives="torch
 FACTS: dict[str, BenchFacts] = {
     "single": BenchFacts(),
     "dp": BenchFacts(needs_gpu=True),
+    "ddp": _DDP,  # the alias of ddp-gloo or ddp-nccl, whichever this host gets
     "ddp-gloo": _DDP,
     "ddp-nccl": _DDP,
     "fsdp": BenchFacts(
@@ -64,17 +65,8 @@ FACTS: dict[str, BenchFacts] = {
 
 
 def facts(name: str) -> Optional[BenchFacts]:
-    """The benchmark's facts about registered backend `name` (an alias: its target's), or None."""
-    from ..core.registry import spec
-
-    known = FACTS.get(name)
-    if known is None and name:
-        try:
-            alias = spec(name).alias_of
-        except Exception:  # noqa: BLE001 - not registered here: nothing known
-            return None
-        known = FACTS.get(alias.split(" or ")[0]) if alias else None
-    return known
+    """The benchmark's facts about registered backend `name`, or None."""
+    return FACTS.get(name)
 
 
 def raw_loop(name: str) -> Optional[Any]:

@@ -209,3 +209,10 @@ def test_the_fit_gives_the_same_bits_whatever_the_thread_count():
             assert fits[0] == fits[1], times
     finally:
         torch.set_num_threads(threads)
+
+
+def test_every_backend_paraflow_registers_has_the_benchmarks_facts():
+    import paraflow
+    from paraflow.bench.backends import FACTS
+
+    assert set(paraflow.available_backends()) <= set(FACTS)
