@@ -130,6 +130,15 @@ def evaluate(backend: paraflow.Backend, model: torch.nn.Module, dataset) -> floa
     return counts[0].item() / counts[1].item()
 
 
+def end_epoch(backend, model, test_set, loss_sum: torch.Tensor, batches: int, line: str, tail: str) -> tuple:
+    """(mean loss over ranks, held-out accuracy) of an epoch; rank 0 prints them between `line` and `tail`."""
+    epoch_loss = backend.allreduce(loss_sum / max(batches, 1), op="mean").item()
+    accuracy = evaluate(backend, model, test_set)
+    if backend.is_main:
+        print(f"{line}  loss {epoch_loss:.4f}  held-out accuracy {accuracy:.2%}  {tail}", flush=True)
+    return epoch_loss, accuracy
+
+
 def check_progress(progress: dict) -> dict:
     """The saved progress in samples; a position counted per rank (older checkpoints) only at an epoch boundary.
 
@@ -191,14 +200,8 @@ def train_elastic(args: argparse.Namespace, backend: paraflow.Backend, model, op
                     state.commit()
             state.epoch = epoch + 1
             state.commit()
-            epoch_loss = backend.allreduce(loss_sum / max(batches, 1), op="mean").item()
-            accuracy = evaluate(backend, model, test_set)
-            if backend.is_main:
-                print(
-                    f"epoch {epoch + 1}/{args.epochs}  loss {epoch_loss:.4f}  held-out accuracy {accuracy:.2%}  "
-                    f"{backend.world_size} processes  {record.elapsed():.1f}s",
-                    flush=True,
-                )
+            line, tail = f"epoch {epoch + 1}/{args.epochs}", f"{backend.world_size} processes  {record.elapsed():.1f}s"
+            epoch_loss, accuracy = end_epoch(backend, model, test_set, loss_sum, batches, line, tail)
         return record.finish(
             model,
             json_out=args.json_out,
@@ -292,14 +295,8 @@ def main(argv=None) -> dict:
             if save_due:
                 backend.save(args.checkpoint, state)
                 saved_at = step
-            epoch_loss = backend.allreduce(loss_sum / max(batches, 1), op="mean").item()
-            accuracy = evaluate(backend, model, test_set)
-            if backend.is_main:
-                print(
-                    f"epoch {epoch + 1}/{args.epochs}  loss {epoch_loss:.4f}  "
-                    f"held-out accuracy {accuracy:.2%}  {record.elapsed():.1f}s",
-                    flush=True,
-                )
+            line, tail = f"epoch {epoch + 1}/{args.epochs}", f"{record.elapsed():.1f}s"
+            epoch_loss, accuracy = end_epoch(backend, model, test_set, loss_sum, batches, line, tail)
             if args.max_steps and step >= args.max_steps:
                 break
         if args.checkpoint and saved_at != step:
