@@ -54,6 +54,7 @@ LONG_CASES = {
     "tests/core/test_clean_exit.py::test_the_end_of_a_job_that_did_its_work_exits_0_every_time[fsdp-torchrun-5]",
     "tests/core/test_clean_exit.py::test_the_end_of_a_job_that_did_its_work_exits_0_every_time[horovod-mpirun-5]",
     "tests/core/test_clean_exit.py::test_the_readme_quick_start_under_paraflow_run_exits_0_every_time",
+    "tests/core/test_clean_exit.py::test_dropping_the_model_after_shutdown_never_hangs",
     "tests/core/test_collectives.py::test_collectives_match_hand_computed_results[ddp-gloo-mpirun]",
     "tests/core/test_collectives.py::test_collectives_match_hand_computed_results[horovod-horovodrun]",
     "tests/core/test_collectives.py::test_collectives_match_hand_computed_results[horovod-torchrun]",

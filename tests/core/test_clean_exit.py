@@ -5,9 +5,11 @@ the GIL back, inside a C++ destructor, and the process aborts ("terminate called
 active exception"): the launcher then reports the job failed after every result was printed.
 """
 
+import copy
 import sys
 
 import pytest
+import torch
 from conftest import RANK_ENV, ROOT, WORKERS, launch, requires_horovod
 
 from paraflow.tools.launch import run_launch
@@ -60,3 +62,33 @@ def test_the_readme_quick_start_under_paraflow_run_exits_0_every_time():
             f"run {run + 1} of 5, exit {result.returncode}:\n{output[-4000:]}"
         )
         assert not [word for word in ABORTED if word in output], f"run {run + 1} of 5:\n{output[-4000:]}"
+
+
+def test_a_ddp_model_lets_go_of_its_process_group_last_through_pythons_process_group_object():
+    """DDP's reducer (C++) frees what it holds with the GIL held; the process group's Python object
+    frees it with the GIL released. The wrapped model holds that object in an attribute set after
+    the reducer, so the object, dropped after the reducer, is what frees the process group."""
+    import paraflow
+
+    with paraflow.init("ddp-gloo") as backend:
+        model = backend.wrap_model(torch.nn.Linear(4, 4))
+        names = list(vars(model))
+        keeper = [name for name in names if vars(model)[name] is model.process_group and name != "process_group"]
+        assert keeper and names.index(keeper[0]) > names.index("reducer"), names
+        assert keeper[0] not in copy.deepcopy(model).__getstate__()  # what DDP pickles stays as torch has it
+
+
+@pytest.mark.timeout(240)
+def test_dropping_the_model_after_shutdown_never_hangs():
+    """200 rounds of start, train, shut down, drop the model, in one process: with the reducer
+    freeing the process group, this hung within tens of rounds (a gloo thread waiting for the GIL
+    while the main thread, holding it, waits for that thread)."""
+    rounds = 200
+    result = run_launch(
+        [sys.executable, str(WORKERS / "drop_after_shutdown.py"), str(rounds)],
+        timeout=200,
+        env={**RANK_ENV, "PARAFLOW_BANNER": "0"},
+        cwd=str(ROOT),
+    )
+    assert not result.timed_out, f"hung: {result.stderr[-3000:]}"
+    assert result.returncode == 0 and f"done {rounds}" in result.stdout, result.stderr[-3000:]

@@ -203,6 +203,25 @@ class CheckedDistributedDataParallel(DistributedDataParallel):
 
     paraflow_backend_name = "ddp"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Freeing a gloo process group joins its worker threads. When DDP's reducer (C++) frees the
+        # last reference, it does so holding the GIL, while a worker may still be freeing the last
+        # backward's work, which needs the GIL (it holds a copy of autograd's thread-local Python
+        # context): the process hangs in `del model` after destroy_process_group. Python's own
+        # ProcessGroup object frees it with the GIL released; this attribute, set after the
+        # reducer, is dropped after it, so that object always holds the last reference.
+        self._process_group_outliving_reducer = self.process_group
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_process_group_outliving_reducer", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._process_group_outliving_reducer = self.process_group
+
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """DistributedDataParallel.forward, with its unused-parameter error translated; under
         ``torch.compile``, refused where the compiler would leave the module inside uncompiled."""
