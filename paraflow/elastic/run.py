@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -14,6 +15,8 @@ from typing import Any, Callable, TypeVar
 from ..environment.launchers import registered_launchers
 from ..errors import CollectiveError, ConfigurationError
 from ..reliability.translation import translate_escaped_error
+from ..training.checkpoint import atomic_write
+from ..training.object_collectives import broadcast_object
 from .state import HostsUpdated, State
 
 __all__ = ["run", "recovery_mode", "NotElasticError"]
@@ -43,8 +46,8 @@ def run(func: F) -> F:
       callbacks and enter `func` again; when hosts are added or removed, ``commit()`` raises on
       every rank and `func` is entered again at the new size without rolling back.
     - torchrun with ``--max-restarts`` (and any other launcher): the state is restored from its
-      checkpoint when one exists (a restarted worker), then `func` runs once; a lost worker
-      ends this attempt and torchrun's agent starts every worker again.
+      checkpoint when one exists (a restarted worker), then `func` runs once; a lost worker, or
+      a host whose agent joins, ends this attempt and torchrun's agents start every worker again.
     - a launcher that cannot restart (mpirun, srun): `func` runs once; a lost worker ends the
       job with NotElasticError, naming the launchers that could have kept it going.
 
@@ -117,16 +120,15 @@ def _job_checkpoint(backend: Any) -> str:
 
 def _from_checkpoint(func: Callable, state: State, mode: str, args: tuple, kwargs: dict) -> Any:
     backend = state.backend
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     own_folder = None
     if state.checkpoint is None and mode == "restart":
         state.checkpoint = _job_checkpoint(backend)
         own_folder = os.path.dirname(state.checkpoint)
     if state.restore():
-        state.recoveries = int(attempt) if attempt.isdigit() else 1
+        state.recoveries = _count_restore(state)
         _say(
             state,
-            f"restart {attempt}: restored {state.describe()} from {state.checkpoint}; "
+            f"restart {state.recoveries}: restored {state.describe()} from {state.checkpoint}; "
             f"going on with {backend.world_size} processes",
         )
     try:
@@ -145,7 +147,33 @@ def _from_checkpoint(func: Callable, state: State, mode: str, args: tuple, kwarg
         backend.barrier()
         if backend.is_main:
             shutil.rmtree(own_folder, ignore_errors=True)
+    elif state.checkpoint and backend.rank == 0:  # the checkpoint stays; a job that restores it counts anew
+        with contextlib.suppress(OSError):
+            os.remove(_restores_file(state))
     return result
+
+
+def _count_restore(state: State) -> int:
+    """The times this job has gone back to its checkpoint, this one included; a collective call.
+
+    torchrun's TORCHELASTIC_RESTART_COUNT cannot say it: each agent counts only its own failed
+    attempts, not the restarts of a membership change (a host that joins), and an agent that
+    joined starts at 0. So rank 0 keeps the count in a file next to the checkpoint."""
+    backend = state.backend
+    count = None
+    if backend.rank == 0:
+        path = _restores_file(state)
+        try:
+            with open(path) as f:
+                count = int(f.read().strip()) + 1
+        except (OSError, ValueError):
+            count = 1
+        atomic_write(path, lambda f: f.write(str(count).encode()))
+    return int(broadcast_object(backend, count, src=0))
+
+
+def _restores_file(state: State) -> str:
+    return f"{os.path.normpath(state.checkpoint)}.restores"
 
 
 def _launcher_with(recovery: str) -> Any:

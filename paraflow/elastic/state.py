@@ -75,7 +75,7 @@ class State:
         self.checkpoint = checkpoint or os.environ.get("PARAFLOW_ELASTIC_CHECKPOINT") or None
         self.save_every = int(save_every)
         self.commits = 0  # since this process started (or since the last restart)
-        self.recoveries = 0  # lost workers survived (rollbacks, or torchrun's restarts)
+        self.recoveries = 0  # times the job went back to a commit (rollbacks, or restarts from the checkpoint)
         self._saved: Optional[dict] = None
         self._in_memory = False  # set by the run wrapper under horovodrun's elastic mode
         self._host_messages: queue.Queue = queue.Queue()

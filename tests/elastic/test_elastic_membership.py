@@ -3,8 +3,7 @@ the sample accounting checked: outside the steps rolled back (at most one commit
 recovery), every sample of each epoch is trained exactly once.
 
 Both run on this host: horovodrun's "hosts" are two names of it (discovery script), torchrun's are
-two agents meeting at one c10d rendezvous. (An agent that joins a running torchrun job on this
-host is not covered: its rendezvous round waits out torch's 60 s store timeout here.)
+two agents meeting at one c10d rendezvous.
 """
 
 from __future__ import annotations
@@ -112,7 +111,7 @@ def test_horovod_a_host_lost_or_added_mid_epoch(no_leftovers, tmp_path, hosts_be
     check_accounting(tmp_path, recoveries=int(lost))
 
 
-def torchrun_agent(log_dir: Path, endpoint: str, hosts_the_store: bool) -> list:
+def torchrun_agent(log_dir: Path, endpoint: str, hosts_the_store: bool, *worker_args: str) -> list:
     """One agent (a "host") of one process; the first serves the rendezvous' store (the host that stays)."""
     elastic = ["--nnodes", "1:2", "--nproc_per_node", "1", "--max-restarts", "3", "--rdzv-backend", "c10d"]
     conf = f"last_call_timeout=1,is_host={int(hosts_the_store)}"
@@ -126,6 +125,7 @@ def torchrun_agent(log_dir: Path, endpoint: str, hosts_the_store: bool) -> list:
         str(WORKER),
         str(log_dir),
         str(EPOCHS),
+        *worker_args,
     ]
 
 
@@ -144,4 +144,20 @@ def test_ddp_gloo_a_host_lost_the_other_restarts_from_the_commit(no_leftovers, t
     done = json.loads((tmp_path / "done.json").read_text())
     assert done["recoveries"] == 1 and done["world_size"] == 1, done
     assert "restart 1: restored epoch=1" in output(tmp_path) and "going on with 1 processes" in output(tmp_path)
+    check_accounting(tmp_path, recoveries=1)
+
+
+@pytest.mark.timeout(300)
+def test_ddp_gloo_a_host_joins_and_the_job_goes_on_at_two(no_leftovers, tmp_path):
+    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
+    env = {**no_leftovers, "PARAFLOW_BACKEND": "ddp-gloo", "PARAFLOW_ELASTIC_CHECKPOINT": str(tmp_path / "state.pt")}
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # else the agent that joins never gets the new round's store
+    pause = "0.2"  # a step's pause: the epochs last longer than the second agent takes to start
+    first = start(torchrun_agent(tmp_path, endpoint, True, pause), env, tmp_path)
+    wait_for(tmp_path / "epoch-1", first)
+    second = start(torchrun_agent(tmp_path, endpoint, False, pause), env, tmp_path)
+    finish([first, second], tmp_path)
+    done = json.loads((tmp_path / "done.json").read_text())
+    assert done["recoveries"] == 1 and done["world_size"] == 2, done
+    assert "restart 1: restored epoch=" in output(tmp_path) and "going on with 2 processes" in output(tmp_path)
     check_accounting(tmp_path, recoveries=1)

@@ -122,3 +122,24 @@ def test_a_field_may_not_take_a_name_of_the_state(single):
     for name in ("commits", "recoveries", "_saved"):
         with pytest.raises(ValueError, match=f"'{name}' is a name of the state itself"):
             State(backend=single, **{name: 0})
+
+
+def test_every_restore_from_the_checkpoint_counts_though_the_agent_counts_none(single, tmp_path, monkeypatch):
+    # torchrun's agents do not count a restart for a host that joined, nor does an agent that joined
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    state = State(backend=single, checkpoint=str(tmp_path / "state.pt"), step=0)
+    state.commit()
+    seen = []
+
+    @run
+    def attempt(state):
+        seen.append(state.recoveries)
+        if len(seen) < 3:
+            raise KeyError("stopped")
+
+    for _ in range(2):
+        with pytest.raises(KeyError):
+            attempt(state)
+    attempt(state)
+    assert seen == [1, 2, 3]
+    assert [p.name for p in tmp_path.iterdir()] == ["state.pt"], "the count goes once the job is done"

@@ -29,9 +29,12 @@ class Torchrun(Launcher):
     comes_with_torch = True
     agent_per_host = True
     recovery = "restart"
+    #: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with torch's default (the rendezvous store shared with the
+    #: workers) an agent that joins a running job waits for a store address its peers never publish
+    #: again, and the round fails after the store's 60 s timeout, ending the job.
     elastic_command = (
-        "torchrun --nnodes MIN:MAX --nproc_per_node N --max-restarts K --rdzv-backend c10d "
-        "--rdzv-endpoint HOST:PORT train.py --elastic"
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes MIN:MAX --nproc_per_node N --max-restarts K "
+        "--rdzv-backend c10d --rdzv-endpoint HOST:PORT train.py --elastic"
     )
 
     def launched_elastic(self, env: Mapping[str, str]) -> bool:
