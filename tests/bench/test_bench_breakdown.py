@@ -1,13 +1,10 @@
-"""The step breakdown and the tuning choice, from hand-made marks and rows (no processes)."""
+"""The step breakdown, from hand-made marks and rows (no processes)."""
 
 import pytest
 import torch
 
-from paraflow.bench.driver.tune import TUNE_GRID, grid_for, parse_tune_values, tune_cells
-from paraflow.bench.model_spec import option_value
 from paraflow.bench.rank.train_loop import gradient_clock, pair_breakdown, step_parts, timed_synchronize
-from paraflow.bench.report.tables import SUMMED, breakdown_estimates, launch_parts, tuned_row
-from paraflow.errors import ConfigurationError
+from paraflow.bench.report.tables import SUMMED, breakdown_estimates, launch_parts
 
 
 def marks(zeroed, first, last, backward, optimizer, sync=None):
@@ -107,46 +104,3 @@ def test_breakdown_estimates_are_medians_over_launches_with_intervals():
     assert est["compute_ms"].value == 8.0 and est["other_ms"].value == 2.0
     assert est["compute_ms"].low <= 8.0 <= est["compute_ms"].high
     assert breakdown_estimates([None]) == {}
-
-
-def test_tuning_grid_takes_each_backends_own_knobs_and_replacements():
-    ddp = frozenset({"bucket_cap_mb", "gradient_as_bucket_view", "static_graph"})
-    assert len(grid_for(ddp)) == len(TUNE_GRID["bucket_cap_mb"]) * len(TUNE_GRID["gradient_as_bucket_view"])
-    assert grid_for(ddp, {"bucket_cap_mb": (1,), "gradient_as_bucket_view": (True,)}) == [
-        (("bucket_cap_mb", 1), ("gradient_as_bucket_view", True))
-    ]
-    assert grid_for(frozenset({"timeout"})) == []
-    assert parse_tune_values(["cycle_time_ms=0.5,2"]) == {"cycle_time_ms": (0.5, 2)}
-    assert option_value("false") is False and option_value("25") == 25
-    with pytest.raises(ConfigurationError, match="KNOB=V1,V2"):
-        parse_tune_values(["buckets=1"])
-
-
-def test_tune_cells_run_at_the_largest_process_count_interleaving_backends():
-    from paraflow.bench.driver.matrix import Cell
-
-    cells = [Cell("train", b, "x", n, 1) for b in ("ddp-gloo", "horovod") for n in (1, 2)]
-    options = {"ddp-gloo": frozenset({"bucket_cap_mb"}), "horovod": frozenset({"cycle_time_ms"})}
-    tuned = tune_cells(cells, {"bucket_cap_mb": (1, 25), "cycle_time_ms": (1, 5)}, options.get)
-    assert [(c.backend, c.nproc, c.options) for c in tuned] == [
-        ("ddp-gloo", 2, (("bucket_cap_mb", 1),)),
-        ("horovod", 2, (("cycle_time_ms", 1),)),
-        ("ddp-gloo", 2, (("bucket_cap_mb", 25),)),
-        ("horovod", 2, (("cycle_time_ms", 5),)),
-    ]
-    assert len({c.id for c in tuned}) == 4 and all(c.tag.startswith("tune") for c in tuned)
-
-
-def test_the_tuned_row_is_the_setting_with_the_lowest_step_time():
-    def build(group, launches, spec, scaling):
-        step = launches[0]["step"]
-        return {"step_ms_median": step, "model": spec, "scaling": scaling, "launches": 1}, {"group": group}
-
-    settings = {
-        "a": [{"options": {"bucket_cap_mb": 1}, "step": 3.0}],
-        "b": [{"options": {"bucket_cap_mb": 25}, "step": 2.0}],
-        "c": [{"options": {"bucket_cap_mb": 100}, "step": 4.0}],
-    }
-    row, est, table = tuned_row(settings, "mlp", "weak", build)
-    assert row["setting"] == "tuned: bucket_cap_mb=25 (best of 3)" and row["step_ms_median"] == 2.0
-    assert est == {"group": "b"} and [t["chosen"] for t in table] == [False, True, False]

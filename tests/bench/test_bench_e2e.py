@@ -1,9 +1,9 @@
 """`paraflow bench` end to end: 2 steps, a repeated launch per cell, ddp-gloo against the single baseline,
-with a tiny tuning grid and a trace launch.
+with a trace launch.
 
 The run's terminal tables, JSON, CSV, Markdown and plots must all be there, agree, and carry
-the 95% intervals over launches; the step breakdown must add up; the tuned row must be the
-fastest setting of its grid; the traces must be Chrome traces of every rank.
+the 95% intervals over launches; the step breakdown must add up; the traces must be Chrome
+traces of every rank.
 """
 
 import csv
@@ -33,8 +33,6 @@ from paraflow.tools.launch import run_launch
 MODELS = ["mlp:width=16", "transformer:width=16,depth=1"]
 LABELS = ["mlp(width=16)", "transformer(width=16,depth=1)"]
 REPEAT = 2
-TUNE = ["--tune", "--tune-values", "bucket_cap_mb=1,25", "--tune-values", "gradient_as_bucket_view=false"]
-TUNED = [f"ddp-gloo-torchrun-2-tune-bucket_cap_mb={b}+gradient_as_bucket_view=False" for b in (1, 25)]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +74,6 @@ def run(tmp_path_factory):
         "120",
         "--out",
         str(out),
-        *TUNE,
         "--trace",
     ]
     env = {**RANK_ENV, "PARAFLOW_BACKEND": None, "RANK": None, "WORLD_SIZE": None}
@@ -91,7 +88,6 @@ EXPECTED_CELLS = {
     "single-python-1-aa-r2",
     *{f"{c}-r{r}" for c in ("single-python-1", "ddp-gloo-torchrun-2") for r in range(1, REPEAT + 1)},
     "ddp-gloo-torchrun-2-trace",
-    *TUNED,
 }
 
 
@@ -101,21 +97,17 @@ def test_every_cell_ran_and_every_column_is_filled(run):
     assert {c["id"] for c in results["cells"]} == EXPECTED_CELLS
     assert all(c["status"] == "ok" for c in results["cells"]), [c["error"] for c in results["cells"]]
     training = results["tables"]["training"]
-    # single, ddp-gloo and ddp-gloo's tuned row, weak and strong scaling
-    assert len(training) == 3 * len(MODELS) * 2
+    # single and ddp-gloo, weak and strong scaling
+    assert len(training) == 2 * len(MODELS) * 2
     for row in training:
         assert set(TRAINING_COLUMNS) <= set(row) and row["status"] == "ok" and row["model"] in LABELS
         optional = {"comm_overhead"} if row["backend"] == "single" else set()
         optional |= {"peak_cuda_mb"} if row["device"] == "cpu" else set()
         optional |= {"speedup"} if row["scaling"] == "weak" else set()
         optional |= {"compile_s"} if row["compiled"] == "no" else set()
-        no_prediction = row["processes"] == 1 or row.get("setting", "default") != "default"  # no sweep; tuned
-        optional |= {"predicted_step_ms", "prediction_error"} if no_prediction else set()
+        optional |= {"predicted_step_ms", "prediction_error"} if row["processes"] == 1 else set()  # no sweep
         assert all(row[k] is not None for k in TRAINING_COLUMNS if k not in optional), row
-        assert (
-            row["launches"] == (REPEAT if row["setting"] == "default" else 1)
-            and row["global_batch"] == row["batch_per_rank"] * row["processes"]
-        )
+        assert row["launches"] == REPEAT and row["global_batch"] == row["batch_per_rank"] * row["processes"]
         assert row["global_batch"] == (32 if row["scaling"] == "strong" else 32 * row["processes"])
         for key in ("step_ms_median", "samples_per_s", "scaling_efficiency"):
             assert row[f"{key}_low"] <= row[key] <= row[f"{key}_high"], (key, row)
@@ -359,15 +351,7 @@ def test_step_breakdown_adds_up_and_single_shows_no_communication(run):
             assert row[f"{key}_low"] <= row[key] <= row[f"{key}_high"], (key, row)
         task = f"{'train-strong' if row['scaling'] == 'strong' and row['processes'] > 1 else 'train'}/"
         task += next(m for m, label in zip(MODELS, LABELS) if label == row["model"])
-        if row["setting"] == "default":
-            group = f"{row['backend']}-{row['launcher']}-{row['processes']}"
-        else:
-            label = row["setting"].split(": ", 1)[1].split(" (best")[0]
-            group = next(
-                c["group"]
-                for c in results["cells"]
-                if c.get("options") and ", ".join(f"{k}={v}" for k, v in c["options"].items()) == label
-            )
+        group = f"{row['backend']}-{row['launcher']}-{row['processes']}"
         cells = [c for c in results["cells"] if c["group"] == group]
         step = pairs_step_ms(cells, task)
         total = sum(row[k] for k in SUMMED)
@@ -381,31 +365,6 @@ def test_step_breakdown_adds_up_and_single_shows_no_communication(run):
     text = (run["out"] / "results.md").read_text()
     assert "![breakdown.png](breakdown.png)" in text and "exposed comm ms" in text
     assert (run["out"] / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
-
-
-@pytest.mark.timeout(480)
-def test_the_tuned_row_is_the_fastest_setting_of_its_grid(run):
-    results = run["results"]
-    grid = {"bucket_cap_mb=1, gradient_as_bucket_view=False", "bucket_cap_mb=25, gradient_as_bucket_view=False"}
-    for cell in results["cells"]:
-        if cell["id"] in TUNED:  # each setting reached the backend
-            assert cell["status"] == "ok" and all(r["options"] == cell["options"] for r in cell["ranks"])
-    tuned = [r for r in results["tables"]["training"] if r["setting"] != "default"]
-    assert len(tuned) == len(MODELS) * 2
-    for row in tuned:
-        assert row["backend"] == "ddp-gloo" and row["processes"] == 2
-        setting = row["setting"].split(": ", 1)[1].split(" (best")[0]
-        assert setting in grid and row["setting"].endswith("(best of 2)")
-        candidates = [
-            c for c in results["tables"]["tuning"] if c["model"] == row["model"] and c["scaling"] == row["scaling"]
-        ]
-        assert {c["setting"] for c in candidates} == grid
-        assert row["step_ms_median"] == min(c["step_ms_median"] for c in candidates)
-        (chosen,) = [c for c in candidates if c["chosen"]]
-        assert chosen["setting"] == setting and chosen["step_ms_median"] == row["step_ms_median"]
-    tuned_verdicts = [v for v in results["verdict"] if v.get("tuned")]
-    assert tuned_verdicts and all("tuned against tuned" in v["claim"] for v in tuned_verdicts)
-    assert any(v.get("tuned") is False for v in results["verdict"])
 
 
 @pytest.mark.timeout(480)
@@ -435,7 +394,7 @@ def test_the_cost_model_fits_the_sweep_predicts_the_rows_and_projects(run, tmp_p
     (fit,) = tables["costmodel_fit"]
     assert fit["backend"] == "ddp-gloo" and fit["algorithm"] == "ring" and fit["status"].startswith("ok")
     assert fit["alpha_us"] > 0 and fit["sizes"] == 2 and fit["rms_residual"] is not None
-    multi = [r for r in tables["training"] if r["processes"] == 2 and r.get("setting", "default") == "default"]
+    multi = [r for r in tables["training"] if r["processes"] == 2]
     assert len(multi) == 2 * len(MODELS) and len(tables["predictions"]) == len(multi)
     for row in multi:
         assert row["predicted_step_ms"] > 0

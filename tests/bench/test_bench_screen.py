@@ -23,7 +23,6 @@ def entry(**extra):
         "model": "resnet",
         "scaling": "weak",
         "processes": 2,
-        "tuned": False,
         "first": "horovod · mpirun",
         "fastest": ["horovod · mpirun"],
         "slower": [other],
@@ -58,7 +57,9 @@ def test_alone_at_its_process_count_it_is_set_against_single():
 
 
 def test_one_headline_per_model_at_its_largest_process_count():
-    lines = headlines([entry(processes=1), entry(), entry(model="gpt", processes=2), entry(tuned=True, processes=4)])
+    lines = headlines(
+        [entry(processes=1), entry(), entry(model="gpt", processes=2), entry(scaling="strong", processes=4)]
+    )
     assert len(lines) == 2 and lines[0].startswith("resnet, 2 processes") and lines[1].startswith("gpt, 2 processes")
 
 

@@ -1,5 +1,5 @@
-"""`paraflow bench --trace --tune` under horovod: its timeline and a torch.profiler trace per rank, and a
-tuned row from horovod's own knobs (the DDP side is in test_bench_e2e.py)."""
+"""`paraflow bench --trace` under horovod: its timeline and a torch.profiler trace per rank (the DDP
+side is in test_bench_e2e.py)."""
 
 import json
 import sys
@@ -31,7 +31,7 @@ def test_horovod_trace_has_every_rank_in_its_timeline_and_profiles(tmp_path):
     cmd += ["--nprocs", "2", "--model", "mlp:width=16", "--window-steps", "2", "--warmup", "1", "--max-warmup", "0.05"]
     cmd += ["--min-window", "0", "--repeat", "1", "--max-repeat", "1", "--no-aa-check", "--no-allreduce"]
     cmd += ["--no-overhead", "--no-plots"]
-    cmd += ["--trace", "--tune", "--tune-values", "fusion_threshold_mb=0", "--tune-values", "cycle_time_ms=5"]
+    cmd += ["--trace"]
     cmd += ["--launch-timeout", "120", "--out", str(out)]
     env = {**RANK_ENV, "PARAFLOW_BACKEND": None, "RANK": None, "WORLD_SIZE": None}
     result = run_launch(cmd, timeout=280, env=env, cwd=str(ROOT))
@@ -48,6 +48,3 @@ def test_horovod_trace_has_every_rank_in_its_timeline_and_profiles(tmp_path):
         assert any(e.get("ph") == "X" for e in trace["traceEvents"])
         pids.append({e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X" and isinstance(e["pid"], int)})
     assert pids[0] and pids[1] and not pids[0] & pids[1]
-    (tuned,) = [row for row in results["tables"]["training"] if row["setting"] != "default"]
-    assert tuned["setting"] == "tuned: cycle_time_ms=5, fusion_threshold_mb=0 (best of 1)"
-    assert tuned["exposed_comm_ms"] is not None and tuned["compute_ms"] > 0

@@ -287,26 +287,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="built-in model for the abstraction overhead (default: the first built-in --model)",
     )
 
-    tuning = p.add_argument_group("tuning and traces")
-    tuning.add_argument(
-        "--tune",
-        action="store_true",
-        help="also launch DDP's bucket_cap_mb x gradient_as_bucket_view and horovod's fusion_threshold_mb x "
-        "cycle_time_ms settings at the largest process count; the tables gain a tuned row per backend",
-    )
-    tuning.add_argument(
-        "--tune-values",
-        action="append",
-        default=[],
-        metavar="KNOB=V1,V2",
-        help="values to try for one knob instead of the built-in ones (repeatable), e.g. bucket_cap_mb=1,25",
-    )
-    tuning.add_argument(
-        "--tune-seconds",
-        type=float,
-        default=300.0,
-        help="stop launching tuning settings once they have taken this long (default: 300)",
-    )
+    tuning = p.add_argument_group("traces")
     tuning.add_argument(
         "--trace",
         action="store_true",
@@ -360,7 +341,6 @@ def config_from_args(args: argparse.Namespace):
     """A BenchConfig from parsed arguments."""
     from ...errors import ConfigurationError
     from .config import COLLECTIVES, DEFAULT_MODELS, BenchConfig, message_sizes, parse_size
-    from .tune import parse_tune_values
 
     nprocs = args.nprocs or ["1", "2"]
     try:
@@ -380,7 +360,6 @@ def config_from_args(args: argparse.Namespace):
         max_repeat=max(args.max_repeat, args.repeat),
         collectives=list(COLLECTIVES) if args.collectives == ["all"] else args.collectives,
         sizes=message_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor),
-        tune_values=parse_tune_values(args.tune_values),
     )
     return BenchConfig(**values)
 

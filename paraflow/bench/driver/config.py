@@ -122,9 +122,6 @@ class BenchConfig:
         bandwidth: each host link's rate on the emulated cluster, in tc notation (1gbit).
         trace: also launch each multi-process cell once more at the largest process count, writing a
             Chrome trace per rank (and horovod's timeline) under OUT/traces/<cell>/.
-        tune: also launch every setting of the backends' communication knobs (tune.py).
-        tune_values: knob -> values, replacing tune.TUNE_GRID's for that knob.
-        tune_seconds: launches of tuning settings stop once they have taken this long.
         compile: "no", "yes" or both: each training cell eager, compiled (``wrap_model(model,
             compile=True)``), or both side by side.
     """
@@ -171,9 +168,6 @@ class BenchConfig:
     cluster: int = 0
     bandwidth: Optional[str] = None
     trace: bool = False
-    tune: bool = False
-    tune_values: dict = field(default_factory=dict)
-    tune_seconds: float = 300.0
     compile: list = field(default_factory=lambda: ["no"])
 
     def __post_init__(self) -> None:
@@ -267,9 +261,9 @@ class BenchConfig:
 
         if not Path(self.script).is_file():
             raise ConfigurationError(f"--script {self.script}: no such file; give the path of your training script.")
-        if self.tune or self.trace or self.scaling != ["weak"] or self.compile != ["no"]:
+        if self.trace or self.scaling != ["weak"] or self.compile != ["no"]:
             raise ConfigurationError(
-                "--script times your script as it is: --tune, --trace, --scaling strong and --compile need the "
+                "--script times your script as it is: --trace, --scaling strong and --compile need the "
                 "built-in loop (drop them, or benchmark a --model instead; a script compiles its model itself)."
             )
         self.models = [ModelSpec(str(self.script), (), "script")]

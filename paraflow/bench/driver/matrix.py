@@ -45,7 +45,6 @@ class Cell:
     sweep: bool = False
     tag: str = ""  # tells apart two cells that would otherwise share an id ("aa": the A/A pair)
     repeat: int = 0  # which launch of the same cell (1, 2, ...); 0 for cells launched once
-    options: tuple = ()  # backend options as sorted (name, value) pairs (a tuning setting)
     overhead: Optional[ModelSpec] = None  # the model of paraflow against a raw loop, after training
     compiled: bool = False  # the models go through wrap_model(model, compile=True)
 
@@ -73,8 +72,6 @@ class Cell:
             what += f" + abstraction overhead ({self.overhead.label})"
         launch = (" · compiled" if self.compiled else "") + (f" · launch {self.repeat}" if self.repeat else "")
         aa = "A/A check: " if self.tag == "aa" else ""
-        if self.options:
-            aa = f"tuning {', '.join(f'{k}={v}' for k, v in self.options)}: "
         return f"{aa}{self.backend} · {self.launcher} · {procs} · {what}{launch}"
 
 
@@ -200,9 +197,4 @@ def build_matrix(
         matrix.cells.extend(
             replace(c, sweep=False, tag="trace") for c in train_cells if c.nproc == widest and not c.compiled
         )
-    if config.tune:
-        from .tune import tune_cells
-
-        eager = [c for c in train_cells if not c.compiled]
-        matrix.cells.extend(tune_cells(eager, config.tune_values, lambda b: _backend_class(b).OPTIONS))
     return matrix

@@ -107,7 +107,6 @@ class CellResult:
             "models": [str(m) for m in c.models],
             "sweep": c.sweep,
             "overhead": None if c.overhead is None else str(c.overhead),
-            "options": dict(c.options),
             "compiled": c.compiled,
             "command": command_line(self.command, self.env),
             "status": self.status,
@@ -157,8 +156,6 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
         args += ["--input-shape", ",".join(map(str, config.input_shape))]
     if any(spec.kind == "factory" for spec in cell.models):
         args += ["--classes", str(config.classes)]
-    for key, value in cell.options:
-        args += ["--option", f"{key}={value}"]
     args += ["--compile"] if cell.compiled else []
     args += trace_args(cell, out_dir)
     if cell.sweep:
@@ -343,13 +340,9 @@ def run_cells(
 ) -> list:
     """Run `cells` one after another, showing progress on `tracker`; a failed or hung cell does
     not stop the rest. Each line starts with `heading` instead of the launch's place when given."""
-    results, tuning_s = [], 0.0
+    results = []
     for i, cell in enumerate(cells, 1):
         elapsed = time.monotonic() - tracker.started
-        if cell.options and tuning_s >= config.tune_seconds:
-            tracker.note(f"not run (tuning budget spent) · {cell.label}")
-            tracker.add(-1)
-            continue
         tracker.begin(cell.label, heading)
         launch_config = config
         if cell.overhead is not None:
@@ -358,7 +351,6 @@ def run_cells(
         result = run_cell(cell, launch_config, raw_dir, config.timeout, entry, cluster)
         result.probe_ms = round(probe_ms(), 3)
         results.append(result)
-        tuning_s += result.elapsed_s if cell.options else 0.0
         outcome = "ok" if result.ok else f"{result.status.upper()}: {result.error}"
         tracker.end(result.ok, outcome, result.elapsed_s)
     return results
@@ -452,7 +444,7 @@ def wide_groups(cells: list, noisy: float, scaling: tuple) -> list:
     rows, estimates = training_rows(cells, tuple(scaling), noisy)
     widths: dict = {}
     for row, est in zip(rows, estimates):
-        if not est or row.get("setting", "default") != "default":
+        if not est:
             continue
         width = max(est["step"].halfwidth, est["x"].halfwidth)
         if width > noisy:
@@ -477,7 +469,7 @@ def run_extra_launches(
     """Launch the still-wide cells of `planned` again (see the module's docstring); returns the
     new launches' results. `launch(cell)` runs one cell and returns its results (run_cells);
     `started` is the run's time.monotonic() start."""
-    cells = {c.group: c for c in planned if c.kind == "train" and c.repeat and not c.tag and not c.options}
+    cells = {c.group: c for c in planned if c.kind == "train" and c.repeat and not c.tag}
     extra: list = []
     for repeat in range(config.repeat + 1, config.max_repeat + 1):
         done = [r.to_dict() for r in results + extra]

@@ -70,7 +70,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-window", type=float, default=0.0, help="seconds the timed window lasts, at least")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome trace of a few steps per model here")
-    p.add_argument("--option", action="append", default=[], help="backend option KEY=VALUE (repeatable)")
     p.add_argument("--compile", action="store_true", help="wrap_model(model, compile=True)")
     return p.parse_args(argv)
 
@@ -127,14 +126,13 @@ def main(argv=None) -> int:
 
     import paraflow
 
-    from ..model_spec import ModelSpec, option_value
+    from ..model_spec import ModelSpec
     from ..report.launches import TASK_PREFIX
     from .train_loop import run_training
 
-    options = {k: option_value(v) for k, _, v in (o.partition("=") for o in args.option)}
-    with paraflow.init(args.backend, **options) as backend:
+    with paraflow.init(args.backend) as backend:
         pin(backend.local_rank)
-        meta = {**_meta(backend, pinned or None), **free, "options": options}
+        meta = {**_meta(backend, pinned or None), **free}
         rank_file = RankFile(args.out, backend.rank, meta)
         for text in args.model:
             spec = ModelSpec.parse(text)

@@ -56,11 +56,6 @@ def _inside(value, low, high) -> bool:
     return value is not None and low is not None and high is not None and low <= value <= high
 
 
-def _default(row: dict) -> bool:
-    """Default settings only: a tuned row's setting may differ between runs."""
-    return row.get("setting", "default") == "default"
-
-
 def _log_normal(value, low, high, launches) -> Optional[tuple]:
     """(centre, standard error, degrees of freedom) of a figure on the log scale, from its t interval."""
     if not (value and low and high) or min(value, low, high) <= 0:
@@ -81,11 +76,11 @@ def welch_p(a: tuple, b: tuple) -> float:
 def compare_runs(a: dict, b: dict) -> dict:
     """{"rows": [...], "claims": {"same": [...], "only_a": [...], "only_b": [...]}, "agree": bool,
     "consistent": bool (no figure differs at Holm-adjusted 5%), "differ": count}."""
-    rows_b = {tuple(r.get(k) for k in _KEY): r for r in b["tables"]["training"] if _default(r)}
+    rows_b = {tuple(r.get(k) for k in _KEY): r for r in b["tables"]["training"]}
     rows = []
     for ra in a["tables"]["training"]:
         rb = rows_b.get(tuple(ra.get(k) for k in _KEY))
-        if rb is None or not _default(ra):
+        if rb is None:
             continue
         entry = {k: ra.get(k) for k in _KEY}
         for key in FIGURES:

@@ -361,8 +361,6 @@ def predict_rows(training: list, fits: list, cells: list) -> list:
     for row in training:
         fit = by_cell.get((row["backend"], row["launcher"], row["processes"]))
         fact = measured.get((row["model"], row["scaling"], row["backend"], row["launcher"], row["processes"]))
-        if row.get("setting", "default") != "default":  # a tuned row's messages differ from the defaults'
-            continue
         if fit is None or fact is None or row.get("step_ms_median") is None:
             continue
         unknown = no_model_reason(row["backend"])

@@ -9,7 +9,6 @@ __all__ = [
     "AA_TAG",
     "TRACE_TAG",
     "groups",
-    "tuning_groups",
     "task_of",
     "status_of",
     "group_status",
@@ -50,22 +49,11 @@ TRACE_TAG = "trace"
 
 def groups(cells: list, kind: str, aa: bool = False) -> dict:
     """group name -> the launches of that cell (records of `kind`), in launch order; the A/A
-    check's launches only with `aa`, and then only they; never a tuning setting's launches."""
+    check's launches only with `aa`, and then only they; never a trace launch."""
     found: dict = {}
     for cell in cells:
-        extra = cell.get("options") or cell.get("tag") == TRACE_TAG
-        if cell["kind"] == kind and (cell.get("tag", "") == AA_TAG) == aa and not extra:
+        if cell["kind"] == kind and (cell.get("tag", "") == AA_TAG) == aa and cell.get("tag") != TRACE_TAG:
             found.setdefault(cell.get("group", cell["id"]), []).append(cell)
-    return found
-
-
-def tuning_groups(cells: list) -> dict:
-    """default group name -> {setting group name: its launches}, for the tuning settings' launches."""
-    found: dict = {}
-    for cell in cells:
-        if cell["kind"] == "train" and cell.get("options"):
-            base = f"{cell['backend']}-{cell['launcher']}-{cell['nproc']}"
-            found.setdefault(base, {}).setdefault(cell.get("group", cell["id"]), []).append(cell)
     return found
 
 

@@ -14,7 +14,6 @@ from .tables import (
     OVERHEAD_TARGET,
     SWEEP_FOOTER_COLUMNS,
     TRAINING_COLUMNS,
-    TUNING_COLUMNS,
     csv_columns,
     render,
     sweep_columns,
@@ -37,7 +36,6 @@ CSV_TABLES = {
     "sweep_summary.csv": ("sweep_footer", SWEEP_FOOTER_COLUMNS),
     "memcpy.csv": ("memcpy", MEMCPY_COLUMNS),
     "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
-    "tuning.csv": ("tuning", TUNING_COLUMNS),
     "costmodel.csv": ("costmodel_fit", FIT_COLUMNS),
     "projection.csv": ("projection", PROJECTION_COLUMNS),
     "published.csv": ("published", PUBLISHED_COLUMNS),
@@ -144,7 +142,6 @@ def _sections(results: dict, fmt: str) -> list:
             else "no result"
         )
         hidden = TRAINING_HIDDEN + (("speedup",) if scaling == "weak" else ())
-        hidden += ("setting",) if all(r.get("setting", "default") == "default" for r in rows) else ()
         hidden += ("compiled", "compile_s") if all(r.get("compiled", "no") == "no" for r in rows) else ()
         hidden += ("peak_cuda_mb",) if all(r.get("peak_cuda_mb") is None for r in rows) else ()
         title = f"Training: {model}, {scaling} scaling ({about})"
@@ -168,13 +165,6 @@ def _sections(results: dict, fmt: str) -> list:
         )
     if tables["memcpy"]:
         sections.append(("Memory-copy bandwidth of this machine", render(tables["memcpy"], MEMCPY_COLUMNS, fmt)))
-    if tables.get("tuning"):
-        sections.append(
-            (
-                "Tuning: every setting measured (the chosen one is each table's tuned row)",
-                render(tables["tuning"], TUNING_COLUMNS, fmt),
-            )
-        )
     if tables["overhead"]:
         sections.append(
             (

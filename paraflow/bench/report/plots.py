@@ -77,8 +77,7 @@ def throughput_figure(rows: list, header: dict):
         counts = sorted({r["processes"] for r in mine})
         series = {}
         for r in mine:
-            tuned = " · tuned" if r.get("setting", "default") != "default" else ""
-            series.setdefault(f"{r['backend']} · {r['launcher']}{tuned}", []).append(r)
+            series.setdefault(f"{r['backend']} · {r['launcher']}", []).append(r)
         for label, points in series.items():
             points.sort(key=lambda r: r["processes"])
             ax.errorbar(
@@ -181,11 +180,7 @@ def breakdown_figure(rows: list, header: dict):
     )
     for ax, (model, scaling) in zip(axes[0], models):
         mine = [r for r in ok if r["model"] == model and r["scaling"] == scaling]
-        names = [
-            f"{r['backend']}\n{r['launcher']} ×{r['processes']}"
-            + (f"\n{r['setting']}" if r.get("setting", "default") != "default" else "")
-            for r in mine
-        ]
+        names = [f"{r['backend']}\n{r['launcher']} ×{r['processes']}" for r in mine]
         xs = list(range(len(mine)))
         bottom = [0.0] * len(mine)
         for key, colour in _COLOURS.items():

@@ -14,13 +14,6 @@ window over the window's wall time, its communication overhead 1 - median(no-syn
 median(sync steps) over interleaved pairs. The row shows the median over launches with a 95%
 interval across launches (Student's t, intervals.py); p10/p90 pool every launch's steps.
 
-The tuned row: every setting of `paraflow bench --tune` is a launch of its own (driver/tune.py);
-each gives a candidate row built exactly as the default rows are. Per model and scaling the
-candidate with the lowest median step time becomes the tuned row, named by its setting; every
-candidate is kept in the `tuning` table. A setting measured once has an interval from its steps
-alone, and picking the lowest of several noisy figures favours a lucky launch: the tuned row is
-optimistic by that much.
-
 Compiled rows (``paraflow bench --compile no,yes``): each backend's cell launched again with
 ``wrap_model(model, compile=True)``, its row beside the eager one with the same figures and
 intervals, efficiency against the compiled single row. Compile s is the slowest rank's first step,
@@ -71,7 +64,7 @@ Within 1%: "yes" when the widened interval lies at or below it, "no" when it lie
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -79,7 +72,7 @@ from ...errors import MissingDependencyError
 from ..model_spec import ModelSpec
 from . import intervals, metrics
 from .costmodel import model_tables
-from .launches import TASK_PREFIX, device_name, group_status, groups, rounded, task_of, tuning_groups
+from .launches import TASK_PREFIX, device_name, group_status, groups, rounded, task_of
 from .verdict import (
     DEFAULT_MARGIN,
     OVERHEAD_TARGET,
@@ -92,7 +85,6 @@ from .verdict import (
 
 __all__ = [
     "TRAINING_COLUMNS",
-    "TUNING_COLUMNS",
     "SWEEP_FOOTER_COLUMNS",
     "MEMCPY_COLUMNS",
     "OVERHEAD_COLUMNS",
@@ -100,7 +92,6 @@ __all__ = [
     "sweep_columns",
     "build_tables",
     "training_rows",
-    "tuned_row",
     "sweep_rows",
     "memcpy_rows",
     "overhead_rows",
@@ -193,8 +184,7 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
 def _build(cells: list, opts: dict) -> dict:
     memcpy = memcpy_rows(cells, opts["units"])
     sweep, footers, unsupported = sweep_rows(cells, memcpy, opts["units"])
-    tuning: list = []
-    training, estimates = training_rows(cells, opts["scaling"], opts["noisy"], tuning)
+    training, estimates = training_rows(cells, opts["scaling"], opts["noisy"])
     overhead = overhead_rows(cells)
     floor = noise_floor(cells)
     spread = (floor or {}).get("spread") or 0.0
@@ -202,7 +192,6 @@ def _build(cells: list, opts: dict) -> dict:
     verdict += overhead_lines(overhead) + sweep_lines(footers)
     return {
         "training": training,
-        "tuning": tuning,
         "sweep": sweep,
         "sweep_footer": footers,
         "sweep_unsupported": unsupported,
@@ -291,7 +280,6 @@ def render(rows: list, columns: dict, fmt: str = "simple", drop: tuple = (), max
     return tabulate(body, headers=[columns[k] for k in keys], tablefmt=fmt, disable_numparse=True)
 
 
-DEFAULT_SETTING = "default"
 BREAKDOWN_COLUMNS = {
     "compute_ms": "compute ms",
     "overlapped_comm_ms": "overlapped comm ms",
@@ -342,7 +330,6 @@ TRAINING_COLUMNS = {
     "scaling": "scaling",
     "backend": "backend",
     "launcher": "launcher",
-    "setting": "setting",
     "compiled": "compiled",
     "transport": "transport",
     "device": "device",
@@ -433,7 +420,6 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
         backend=first["backend"],
         launcher=first["launcher"],
         processes=first["nproc"],
-        setting=DEFAULT_SETTING,
         compiled="yes" if first.get("compiled") else "no",
         transport=meta.get("transport"),
         device=device_name(meta["device"]) if meta.get("device") else None,
@@ -551,7 +537,7 @@ def _scale(rows: list, estimates: list, noisy: float) -> None:
             _put(row, "scaling_efficiency", speedup, 1 / replicas, 4)
 
 
-def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10, tuning: list = None) -> tuple:
+def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10) -> tuple:
     """(rows, estimates): one row per model x scaling x cell group, the single baseline first per model.
 
     Efficiency: weak scaling (fixed batch per rank) X / (replicas * X_single); strong scaling
@@ -559,20 +545,12 @@ def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10,
     row of the same model and device. `estimates` holds each row's interval estimates (for the verdict).
     """
     rows, estimates = [], []
-    tuned = tuning_groups(cells)
     for group, launches in groups(cells, "train").items():
         for spec in launches[0]["models"]:
             for scaling in scalings:
                 row, est = _row(group, launches, spec, scaling)
                 rows.append(row)
                 estimates.append(est)
-                if group in tuned:  # the tuned row beside the default one
-                    best, best_est, candidates = tuned_row(tuned[group], spec, scaling, _row)
-                    if tuning is not None:
-                        tuning.extend(candidates)
-                    if best is not None:
-                        rows.append(best)
-                        estimates.append(best_est)
     _scale(rows, estimates, noisy)
     order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in rows))}
     cell = {c: i for i, c in enumerate(dict.fromkeys((r["backend"], r["launcher"], r["processes"]) for r in rows))}
@@ -587,49 +565,6 @@ def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10,
         ),
     )
     return [rows[i] for i in ranked], [estimates[i] for i in ranked]
-
-
-TUNING_COLUMNS = {
-    "model": "model",
-    "scaling": "scaling",
-    "backend": "backend",
-    "launcher": "launcher",
-    "processes": "procs",
-    "setting": "setting",
-    "launches": "launches",
-    "step_ms_median": "step ms median",
-    "samples_per_s": "samples/s",
-    "chosen": "chosen",
-    "status": "status",
-}
-
-
-def _label(options: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in options.items())
-
-
-def tuned_row(settings: dict, spec: str, scaling: str, build: Callable) -> tuple:
-    """(row, estimates, candidates) for one model and scaling from {setting group: launches};
-    `build(group, launches, spec, scaling)` makes a row as the default rows are made. The row is
-    None when no setting was measured."""
-    candidates, best = [], None
-    for group, launches in settings.items():
-        row, est = build(group, launches, spec, scaling)
-        row["setting"] = _label(launches[0]["options"])
-        candidates.append(row)
-        if row.get("step_ms_median") is not None and (
-            best is None or row["step_ms_median"] < best[0]["step_ms_median"]
-        ):
-            best = (row, est)
-    table = [{**{k: c.get(k) for k in TUNING_COLUMNS}, "chosen": best is not None and c is best[0]} for c in candidates]
-    for entry, c in zip(table, candidates):
-        for key in ("step_ms_median", "samples_per_s"):
-            entry[f"{key}_low"], entry[f"{key}_high"] = c.get(f"{key}_low"), c.get(f"{key}_high")
-    if best is None:
-        return None, {}, table
-    row, est = dict(best[0]), best[1]
-    row["setting"] = f"tuned: {row['setting']} (best of {len(candidates)})"
-    return row, est, table
 
 
 #: Bandwidth unit -> factor from bytes per second.

@@ -81,7 +81,7 @@ def _beaten_by(slow: intervals.Estimate, faster: list, threshold: float) -> Opti
     return None
 
 
-def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: float, tuned: bool = False) -> dict:
+def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: float) -> dict:
     """entries: (row, estimates) of one model, scaling and process count, each with a throughput."""
     entries = sorted(entries, key=lambda e: -e[1]["x"].value)
     fast_row, fast = entries[0]
@@ -103,7 +103,6 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: f
     ties = sorted([_name(fast_row)] + [o["name"] for o in others if not o["slower"]])
     behind = sorted(o["name"] for o in others if o["slower"])
     where = f"{model}, {n} process{'es' * (n > 1)}" + (", strong scaling" if scaling == "strong" else "")
-    where += ", tuned against tuned" if tuned else ""
     claim = f"{where}: fastest {' = '.join(ties)}" + (f"; slower: {', '.join(behind)}" if behind else "")
     parts = [f"{where}: fastest {_name(fast_row)} ({fast['x'].value:,.0f} samples/s)"]
     for o in others:
@@ -124,7 +123,6 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: f
         "model": model,
         "scaling": scaling,
         "processes": n,
-        "tuned": tuned,
         "threshold": threshold,
         "fastest": ties,
         "first": _name(fast_row),
@@ -139,16 +137,14 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: f
 
 
 def training_verdict(rows: list, estimates: list, noise_floor: float = 0.0, margin: float = 0.0) -> list:
-    """One entry per model x scaling x process count with at least one measured row: default
-    settings against default settings, and (with tuning rows) tuned against tuned. A difference
+    """One entry per model x scaling x process count with at least one measured row. A difference
     is called from 1 + max(`noise_floor`, `margin`) up."""
     threshold = max(noise_floor, margin)
     grouped: dict = {}
     for row, est in zip(rows, estimates):
         if est and est.get("x") is not None:
-            tuned = row.get("setting", "default") != "default"
-            grouped.setdefault((row["model"], row["scaling"], row["processes"], tuned), []).append((row, est))
-    return [_group_verdict(m, s, n, entries, threshold, tuned) for (m, s, n, tuned), entries in grouped.items()]
+            grouped.setdefault((row["model"], row["scaling"], row["processes"]), []).append((row, est))
+    return [_group_verdict(m, s, n, entries, threshold) for (m, s, n), entries in grouped.items()]
 
 
 def overhead_lines(rows: list) -> list:
