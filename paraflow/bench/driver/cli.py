@@ -287,14 +287,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="built-in model for the abstraction overhead (default: the first built-in --model)",
     )
 
-    tuning = p.add_argument_group("traces")
-    tuning.add_argument(
-        "--trace",
-        action="store_true",
-        help="one more launch per multi-process backend and launcher, writing a torch.profiler Chrome trace "
-        "per rank (and horovod's timeline) under OUT/traces/",
-    )
-
     output = p.add_argument_group("output")
     output.add_argument("--out", default="bench-results", help="results folder (default: bench-results)")
     output.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")

@@ -120,8 +120,6 @@ class BenchConfig:
             multi-process cells then have exactly that many processes, and the abstraction
             overhead (a one-host question) is not measured.
         bandwidth: each host link's rate on the emulated cluster, in tc notation (1gbit).
-        trace: also launch each multi-process cell once more at the largest process count, writing a
-            Chrome trace per rank (and horovod's timeline) under OUT/traces/<cell>/.
         compile: "no", "yes" or both: each training cell eager, compiled (``wrap_model(model,
             compile=True)``), or both side by side.
     """
@@ -167,7 +165,6 @@ class BenchConfig:
     seed: int = 0
     cluster: int = 0
     bandwidth: Optional[str] = None
-    trace: bool = False
     compile: list = field(default_factory=lambda: ["no"])
 
     def __post_init__(self) -> None:
@@ -261,9 +258,9 @@ class BenchConfig:
 
         if not Path(self.script).is_file():
             raise ConfigurationError(f"--script {self.script}: no such file; give the path of your training script.")
-        if self.trace or self.scaling != ["weak"] or self.compile != ["no"]:
+        if self.scaling != ["weak"] or self.compile != ["no"]:
             raise ConfigurationError(
-                "--script times your script as it is: --trace, --scaling strong and --compile need the "
+                "--script times your script as it is: --scaling strong and --compile need the "
                 "built-in loop (drop them, or benchmark a --model instead; a script compiles its model itself)."
             )
         self.models = [ModelSpec(str(self.script), (), "script")]

@@ -192,9 +192,4 @@ def build_matrix(
             replace(cell, repeat=r, overhead=config.overhead_model if last and cell.group in measured else None)
             for cell in train_cells
         )
-    if config.trace:
-        widest = max((c.nproc for c in train_cells if c.nproc >= 2), default=0)
-        matrix.cells.extend(
-            replace(c, sweep=False, tag="trace") for c in train_cells if c.nproc == widest and not c.compiled
-        )
     return matrix

@@ -42,7 +42,6 @@ def _prepare(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name in OUTPUT_FILES + STALE_FILES:  # no stale file from an earlier run may pass for this one's
         (out / name).unlink(missing_ok=True)
-    shutil.rmtree(out / "traces", ignore_errors=True)
     raw = out / "raw"
     shutil.rmtree(raw, ignore_errors=True)  # cells of an earlier run would pass for this one's
     raw.mkdir()
@@ -117,7 +116,6 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         "cells": cells,
         "tables": tables,
         "verdict": tables["verdict"],
-        "traces": sorted(str(p.relative_to(out)) for p in (out / "traces").rglob("*.json")),
     }
 
     plots = []

@@ -39,11 +39,9 @@ from typing import Callable, Optional
 
 import torch
 
-from ...core.registry import spec as registered
 from ...environment.launchers import launcher_for_tool, launcher_variables
 from ...environment.launchers.openmpi import MPI_YIELD
 from ...tools.launch import launch_command, run_launch
-from ..report.launches import TRACE_TAG
 from ..report.tables import training_rows
 from .config import BenchConfig
 from .matrix import Cell
@@ -157,7 +155,6 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     if any(spec.kind == "factory" for spec in cell.models):
         args += ["--classes", str(config.classes)]
     args += ["--compile"] if cell.compiled else []
-    args += trace_args(cell, out_dir)
     if cell.sweep:
         args += ["--sweep-sizes", ",".join(map(str, config.sizes))]
         args += ["--collectives", ",".join(config.collectives), "--dtypes", ",".join(config.dtypes)]
@@ -269,7 +266,7 @@ def run_cell(
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("rank*.json"):
         old.unlink()
-    env = {**cell_env(cell, timeout, config.omp_wait), **trace_env(cell, out_dir), **_script_env(cell, config, out_dir)}
+    env = {**cell_env(cell, timeout, config.omp_wait), **_script_env(cell, config, out_dir)}
     start = time.monotonic()
     try:
         if cluster is not None:
@@ -354,27 +351,6 @@ def run_cells(
         outcome = "ok" if result.ok else f"{result.status.upper()}: {result.error}"
         tracker.end(result.ok, outcome, result.elapsed_s)
     return results
-
-
-HOROVOD_PACKAGE = "paraflow.backends.horovod"
-
-
-def trace_dir(cell: Cell, out_dir: Path) -> Path:
-    """OUT/traces/<cell>/ for a trace launch whose raw numbers go to OUT/raw/<cell>/."""
-    return out_dir.parent.parent / "traces" / cell.id
-
-
-def trace_args(cell: Cell, out_dir: Path) -> list:
-    """The worker's --trace argument for a trace launch, else nothing."""
-    return ["--trace", str(trace_dir(cell, out_dir))] if cell.tag == TRACE_TAG else []
-
-
-def trace_env(cell: Cell, out_dir: Path) -> dict:
-    """HOROVOD_TIMELINE for a horovod trace launch (horovod writes it from start-up on), else nothing."""
-    if cell.tag != TRACE_TAG or not registered(cell.backend).load().__module__.startswith(HOROVOD_PACKAGE):
-        return {}
-    trace_dir(cell, out_dir).mkdir(parents=True, exist_ok=True)
-    return {"HOROVOD_TIMELINE": str(trace_dir(cell, out_dir) / "horovod-timeline.json")}
 
 
 #: An overhead measurement's seconds besides its pairs, about: building its nine models, the

@@ -20,12 +20,6 @@ whole of each, a sharding one (fsdp) only its DTensor shards, so the ratio betwe
 sharding saves, free of the runtime's own memory. Buffers, gradient buckets and parameters gathered
 for the duration of a forward are not model state held between steps and are left out.
 
-`paraflow bench --trace`: a few steps under torch.profiler, written as a Chrome trace per rank. The
-trace launches are extra launches of their own (their numbers stay out of the tables), so the
-profiler never slows a timed step. Open a file in chrome://tracing or https://ui.perfetto.dev.
-Horovod's own timeline (HOROVOD_TIMELINE, set by the benchmark for horovod's trace launches) shows
-its negotiation, fusion and allreduces beside it.
-
 The step breakdown: where a step's time goes, per rank: timestamps on the interleaved sync / no-sync pairs.
 
 The pairs the communication overhead already runs (a step with gradient sync beside one
@@ -52,11 +46,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import re
 import statistics
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Callable, ContextManager, Optional
 
 import torch
@@ -82,8 +74,6 @@ __all__ = [
     "warm_up",
     "settled",
     "model_state_bytes",
-    "write_trace",
-    "trace_name",
     "run_pairs",
     "step_parts",
     "pair_breakdown",
@@ -318,9 +308,6 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         result["breakdown"] = window_breakdown(parts)  # one process: nothing to communicate
 
     result.update(peak_memory(device))
-    if getattr(settings, "trace", None):  # after every measurement: the profiler slows what it records
-        name = spec.label if scaling == "weak" else f"{spec.label} {scaling}"
-        result["trace"] = write_trace(backend, step, batches, settings.trace, name)
     backend.barrier()
     return result
 
@@ -399,34 +386,6 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
         "gradients": _total(p.grad for p in params),
         "optimizer": _total(value for state in optimizer.state.values() for value in state.values()),
     }
-
-
-#: Steps recorded: enough to show a steady step between its neighbours, small enough to open quickly.
-TRACE_STEPS = 3
-
-
-def trace_name(model_label: str, rank: int) -> str:
-    """ "mlp(width=16)", 1 -> "mlp-width-16-rank1.json" (a plain file name)."""
-    return f"{re.sub(r'[^A-Za-z0-9]+', '-', model_label).strip('-')}-rank{rank}.json"
-
-
-def write_trace(backend, step: Callable, batches: Iterator, directory: Path, model_label: str) -> str:
-    """Profile TRACE_STEPS steps of `step` and write this rank's Chrome trace under `directory`."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    activities = [ProfilerActivity.CPU]
-    if backend.device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    backend.barrier()
-    with profile(activities=activities) as prof:
-        for i in range(TRACE_STEPS):
-            with record_function(f"paraflow step {i}"):
-                step(*next(batches))
-                device_sync(backend.device)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / trace_name(model_label, backend.rank)
-    prof.export_chrome_trace(str(path))
-    return str(path)
 
 
 #: Per-pair lists a rank writes under "breakdown" (seconds); `step_s` is the synced step they split.

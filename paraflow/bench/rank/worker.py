@@ -69,7 +69,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30, help="timed steps, at least")
     p.add_argument("--min-window", type=float, default=0.0, help="seconds the timed window lasts, at least")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trace", type=Path, default=None, help="write a Chrome trace of a few steps per model here")
     p.add_argument("--compile", action="store_true", help="wrap_model(model, compile=True)")
     return p.parse_args(argv)
 

@@ -7,7 +7,6 @@ from typing import Optional
 __all__ = [
     "TASK_PREFIX",
     "AA_TAG",
-    "TRACE_TAG",
     "groups",
     "task_of",
     "status_of",
@@ -44,15 +43,14 @@ def task_of(cell: dict, name: str) -> Optional[list]:
 
 
 AA_TAG = "aa"
-TRACE_TAG = "trace"
 
 
 def groups(cells: list, kind: str, aa: bool = False) -> dict:
     """group name -> the launches of that cell (records of `kind`), in launch order; the A/A
-    check's launches only with `aa`, and then only they; never a trace launch."""
+    check's launches only with `aa`, and then only they."""
     found: dict = {}
     for cell in cells:
-        if cell["kind"] == kind and (cell.get("tag", "") == AA_TAG) == aa and cell.get("tag") != TRACE_TAG:
+        if cell["kind"] == kind and (cell.get("tag", "") == AA_TAG) == aa:
             found.setdefault(cell.get("group", cell["id"]), []).append(cell)
     return found
 

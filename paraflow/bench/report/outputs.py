@@ -196,15 +196,6 @@ def markdown_report(results: dict, plots: list) -> str:
         lines += [f"## {title}", "", text, ""]
     for plot in plots:
         lines += [f"![{plot}]({plot})", ""]
-    if results.get("traces"):
-        lines += [
-            "## Traces",
-            "",
-            "Chrome traces (chrome://tracing, ui.perfetto.dev) of a few steps per rank, and horovod's timeline:",
-            "",
-            *[f"- [{t}]({t})" for t in results["traces"]],
-            "",
-        ]
     if _skipped(results):
         lines += ["## Not run here", "", *[f"- {_md_escape(s)}" for s in _skipped(results)], ""]
     if _failures(results):
