@@ -1,56 +1,10 @@
-"""What each rank does before and around its timed steps: pinning, warm-up, the overhead's pairs."""
+"""What each rank does before and around its timed steps: warm-up, the overhead's pairs."""
 
-import ast
 import os
-import subprocess
-import sys
 
 import pytest
 
-from paraflow.bench.rank.pinning import cores_for
 from paraflow.bench.rank.train_loop import settled
-
-
-def test_each_local_rank_takes_its_own_run_of_cores():
-    assert cores_for(0, 1, [0, 1]) == [0] and cores_for(1, 1, [0, 1]) == [1]
-    assert cores_for(0, 2, [3, 2]) == [2, 3]  # one process, both cores
-    assert cores_for(1, 2, [0, 1, 2, 3]) == [2, 3]
-    assert cores_for(2, 1, [0, 1]) == [0]  # more ranks than cores: wrap around
-    assert cores_for(0, 8, [0, 1]) == [0, 1]  # never more cores than exist
-
-
-# Run in a fresh interpreter: the test process may hold gloo loops of its own (in-process groups of
-# other tests), and a thread put at idle priority stays there.
-_IDLE_CHECK = """
-import ctypes, os, select, threading
-from paraflow.bench.rank.pinning import idle_polling_loops
-stop, epoll, ids = threading.Event(), select.epoll(), {}
-
-def run(key, wait, name=""):
-    def body():
-        if name:
-            ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME, as gloo's loop does
-        ids[key] = threading.get_native_id()
-        wait()
-    threading.Thread(target=body, daemon=True).start()
-
-run("loop", lambda: stop.wait(30), "gloo_tcp_loop")
-run("worker", lambda: stop.wait(30), "pt_gloo_runloop")
-run("poller", lambda: [epoll.poll(0.05) for _ in range(200) if not stop.is_set()])
-while len(ids) < 3:
-    stop.wait(0.01)
-count = idle_polling_loops()
-print((count, {k: os.sched_getscheduler(v) == os.SCHED_IDLE for k, v in sorted(ids.items())}))
-stop.set()
-"""
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no SCHED_IDLE on this OS")
-def test_gloo_event_loop_goes_to_idle_priority_and_nothing_else():
-    out = subprocess.run([sys.executable, "-c", _IDLE_CHECK], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    # torch's gloo loop by its name; gloo's workers and any other thread waiting in epoll are left alone
-    assert ast.literal_eval(out.stdout.strip()) == (1, {"loop": True, "poller": False, "worker": False})
 
 
 def test_warm_up_ends_when_step_times_settle():

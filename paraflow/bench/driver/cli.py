@@ -208,21 +208,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     machine = p.add_argument_group("machine")
     machine.add_argument(
-        "--pin",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="bind each rank to cores of its own (and gloo's polling event loop to idle priority): on, off, or "
-        "auto = on unless other threads hold every core at the start (the run queue of /proc/loadavg), where "
-        "pinned ranks cannot move off busy cores (default: auto)",
-    )
-    machine.add_argument(
-        "--omp-wait",
-        choices=("active", "passive"),
-        default="passive",
-        help="OpenMP threads at barriers: passive (sleep) or active (spin) (default: passive; OMP_WAIT_POLICY in "
-        "the environment wins)",
-    )
-    machine.add_argument(
         "--nodes",
         dest="cluster",
         type=int,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -12,7 +11,7 @@ from ..model_spec import ModelSpec
 from ..report.verdict import DEFAULT_MARGIN
 
 __all__ = ["BenchConfig", "parse_size", "message_sizes"]
-__all__ += ["runnable_others", "DEFAULT_MODELS", "COLLECTIVES", "DTYPES", "UNITS"]
+__all__ += ["DEFAULT_MODELS", "COLLECTIVES", "DTYPES", "UNITS"]
 
 #: Defaults that cover both regimes: a wide MLP sends one large gradient message (4.5 MB) per
 #: step; the CNN (0.08 MB) and the transformer (0.4 MB over ~30 tensors) send small ones.
@@ -93,10 +92,6 @@ class BenchConfig:
         margin: the smallest throughput difference the verdict calls (a fraction; the A/A noise
             floor when that is larger): a smaller one is within what the machine drifts between runs.
         aa_check: launch the first training cell twice more at the start (A/A): the machine's noise floor.
-        pin: bind each rank's threads to cores of its own: "on", "off", or "auto" (on unless other
-            threads hold every core at the start; :meth:`resolve_pin`).
-        omp_wait: OpenMP threads at barriers: "passive" (sleep, the default) or "active" (spin).
-            OMP_WAIT_POLICY in the environment wins.
         scaling: "weak" (fixed batch per process), "strong" (fixed global batch) or both.
         sizes: collective sweep and memory-copy message sizes in bytes.
         collectives: collectives the sweep measures.
@@ -145,8 +140,6 @@ class BenchConfig:
     noisy: float = 0.10
     margin: float = DEFAULT_MARGIN
     aa_check: bool = True
-    pin: str = "auto"
-    omp_wait: str = "passive"
     scaling: list = field(default_factory=lambda: ["weak"])
     sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024**2, 4))
     collectives: list = field(default_factory=lambda: ["allreduce"])
@@ -206,10 +199,6 @@ class BenchConfig:
                 raise ConfigurationError(
                     f"{name} {', '.join(wrong)}: choose from {', '.join(known)} (e.g. --{name} {known[0]})."
                 )
-        if self.omp_wait not in ("active", "passive"):
-            raise ConfigurationError(f"omp_wait={self.omp_wait!r}: choose active or passive (--omp-wait passive).")
-        if self.pin not in ("auto", "on", "off"):
-            raise ConfigurationError(f"pin={self.pin!r}: choose auto, on or off (--pin off).")
         if self.units not in UNITS:
             raise ConfigurationError(f"units {self.units!r}: choose GB/s or Gbit/s (--units Gbit/s).")
         if not 0 < self.noisy < 1:
@@ -266,50 +255,9 @@ class BenchConfig:
         self.models = [ModelSpec(str(self.script), (), "script")]
         self.allreduce = self.overhead = False
 
-    def resolve_pin(self, load: float, cores: int, runnable: Optional[float] = None) -> tuple[bool, str]:
-        """(pin?, why) for this run, given the 1-min load average, the core count and the runnable
-        threads besides the driver at the start (busy.runnable_others; None: judge on the load)."""
-        if self.pin != "auto":
-            return self.pin == "on", f"--pin {self.pin}"
-        if runnable is None:
-            busy, now = load > cores, f"load average {load:g}"
-        else:
-            busy, now = runnable >= cores, f"{runnable:g} other runnable threads (1-min load average {load:g})"
-        if busy:
-            return False, (
-                f"--pin auto: not pinned, the machine was busy at the start ({now} on {cores} cores) and a "
-                "pinned rank cannot move off a busy core"
-            )
-        return True, f"--pin auto: pinned, {now} on {cores} cores at the start"
-
     def to_dict(self) -> dict:
         """JSON-ready copy, models written as specs."""
         d = dict(vars(self))
         d["models"] = [str(m) for m in self.models]
         d["overhead_model"] = None if self.overhead_model is None else str(self.overhead_model)
         return d
-
-
-LOADAVG = "/proc/loadavg"
-
-
-#: How busy the machine is when a run starts, judged on the moment rather than the last minute.
-#: The 1-minute load average decays slowly: right after one benchmark run it still reads above the
-#: core count on a machine that has gone quiet, and ``--pin auto`` used to leave the next run
-#: unpinned for that reason alone (a back-to-back pair then compared a pinned run with an unpinned
-#: one). The kernel's count of runnable threads (/proc/loadavg's fourth field), sampled over half a
-#: second, says whether other work holds the cores now.
-def runnable_others(seconds: float = 0.5, samples: int = 10, path: str = LOADAVG) -> Optional[float]:
-    """Mean number of runnable threads besides the reading one, over `seconds` in `samples`
-    readings of `path` ("1min 5min 15min running/total lastpid"); None where it cannot be read."""
-    counts = []
-    for i in range(samples):
-        try:
-            with open(path) as f:
-                running = int(f.read().split()[3].split("/")[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        counts.append(max(running - 1, 0))  # the reader itself is running
-        if i + 1 < samples:
-            time.sleep(seconds / samples)
-    return sum(counts) / len(counts)

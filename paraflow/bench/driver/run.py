@@ -8,20 +8,18 @@ import sys
 import time
 from collections import Counter
 from contextlib import closing
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from ...core.placement import cores
-from ..report.header import binding_summary, cluster_line, collect_header
+from ..report.header import cluster_line, collect_header
 from ..report.outputs import CSV_TABLES, markdown_report, write_csvs, write_json
 from ..report.screen import screen_report
 from ..report.tables import build_tables, require_tabulate
-from .config import BenchConfig, runnable_others
+from .config import BenchConfig
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header
 from .progress import LaunchProgress
-from .runner import OMP_WAIT, probe_summary, run_cells, run_extra_launches, worker_entry
+from .runner import probe_summary, run_cells, run_extra_launches, worker_entry
 
 __all__ = ["run_bench", "check_models", "start_line", "OUTPUT_FILES"]
 
@@ -63,12 +61,6 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         from ..report.plots import require_pyplot
 
         require_pyplot()
-    runnable = runnable_others() if config.pin == "auto" else None
-    pinned, why_pin = config.resolve_pin(os.getloadavg()[0], cores(), runnable)
-    wait, why_wait = config.omp_wait.upper(), f"--omp-wait {config.omp_wait}"
-    if OMP_WAIT in os.environ:
-        wait, why_wait = os.environ[OMP_WAIT], f"{OMP_WAIT}={os.environ[OMP_WAIT]} set by you"
-    config = replace(config, pin="on" if pinned else "off")
     check_models(config)
     matrix = matrix or build_matrix(config)
     out = Path(config.out)
@@ -106,7 +98,6 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     header["wall_time_s"] = round(time.monotonic() - start, 1)
     header["speed_probe"] = probe_summary(cells)
-    header["binding"] = f"{binding_summary(cells, pinned)} ({why_pin}); OpenMP threads {wait} at barriers ({why_wait})"
     tables = build_tables(cells, header, config.to_dict())
     header["noise_floor"] = tables["noise_floor"]
     results = {

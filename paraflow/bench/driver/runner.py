@@ -131,7 +131,7 @@ def command_line(command: list, env: dict) -> str:
 
 def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     """The worker's arguments for `cell` (everything after the module name)."""
-    args = ["--out", str(out_dir)] + (["--pin"] if config.pin == "on" else [])
+    args = ["--out", str(out_dir)]
     if cell.kind == "memcpy":
         return args + ["--memcpy-sizes", ",".join(map(str, config.sizes)), "--threads", str(cell.threads)]
     args += [
@@ -193,7 +193,7 @@ def _script_env(cell: Cell, config: BenchConfig, out_dir: Path) -> dict:
     return env
 
 
-def cell_env(cell: Cell, timeout: float, omp_wait: str = "passive") -> dict:
+def cell_env(cell: Cell, timeout: float) -> dict:
     """Variables for the cell's processes: threads per rank, unbuffered output, no inherited ranks."""
     threads = str(cell.threads)
     package_root = str(Path(__file__).resolve().parents[3])
@@ -212,10 +212,10 @@ def cell_env(cell: Cell, timeout: float, omp_wait: str = "passive") -> dict:
         }
     )
     if OMP_WAIT not in os.environ:
-        # --omp-wait (README "Less noise at the source"): sleeping threads by default. Spinning ones
-        # made a lone 2-thread step faster, but fought the launchers' own processes for the cores:
-        # two runs disagreed far more, and on a busy machine they were 2-5 times slower, erratic.
-        env[OMP_WAIT] = omp_wait.upper()
+        # Sleeping threads at barriers: spinning ones made a lone 2-thread step faster, but fought the
+        # launchers' own processes for the cores: two runs disagreed far more, and on a busy machine
+        # they were 2-5 times slower, erratic.
+        env[OMP_WAIT] = "PASSIVE"
     if launcher_for_tool(cell.launcher).mpi and MPI_YIELD not in os.environ:
         # The cell fills every core, and each horovod rank adds a background thread: Open MPI's
         # default busy-polling would starve the other threads (it yields by itself only when it
@@ -266,7 +266,7 @@ def run_cell(
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("rank*.json"):
         old.unlink()
-    env = {**cell_env(cell, timeout, config.omp_wait), **_script_env(cell, config, out_dir)}
+    env = {**cell_env(cell, timeout), **_script_env(cell, config, out_dir)}
     start = time.monotonic()
     try:
         if cluster is not None:

@@ -55,7 +55,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=12, help="alternating raw / paraflow pairs per sweep size, at least")
     p.add_argument("--scaling", default="weak", help="weak, strong or weak,strong")
     p.add_argument("--max-warmup", type=float, default=2.0, help="seconds of warm-up steps, at most")
-    p.add_argument("--pin", action="store_true", help="bind this rank to cores of its own")
     p.add_argument("--memcpy-sizes", type=_sizes, default=[], help="comma-separated bytes")
     p.add_argument("--overhead", help="model spec for paraflow-vs-raw abstraction overhead, after training")
     p.add_argument("--overhead-pairs", type=int, default=150, help="overhead: paraflow/raw/control step pairs")
@@ -73,12 +72,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _meta(backend=None, pinned=None) -> dict:
+def _meta(backend=None) -> dict:
     meta = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "torch_threads": torch.get_num_threads(),
-        "pinned_cores": pinned,
     }
     if backend is not None:
         meta.update(
@@ -100,24 +98,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     threads = args.threads or int(os.environ.get("PARAFLOW_NUM_THREADS", "1"))
-    pinned: list = []  # filled by pin() with the cores taken
-    free: dict = {}
-
-    def pin(local_rank: int) -> None:
-        """Pin once the communication libraries have started their threads (see pinning.py)."""
-        if args.pin:
-            from .pinning import free_threads, idle_polling_loops, pin_rank
-
-            pinned.extend(pin_rank(threads, local_rank) or [])
-            free["free_threads"] = free_threads(pinned) if pinned else None
-            free["idle_loops"] = idle_polling_loops() if pinned else None
-
     if args.memcpy_sizes:
         from .sweep import run_memcpy
 
-        pin(0)
         result = run_memcpy(args.memcpy_sizes, threads)
-        RankFile(args.out, 0, _meta(pinned=pinned or None)).add("memcpy", result)
+        RankFile(args.out, 0, _meta()).add("memcpy", result)
         return 0
     if not args.backend:
         print("worker: --backend is required for training, allreduce and overhead tasks", file=sys.stderr)
@@ -130,9 +115,7 @@ def main(argv=None) -> int:
     from .train_loop import run_training
 
     with paraflow.init(args.backend) as backend:
-        pin(backend.local_rank)
-        meta = {**_meta(backend, pinned or None), **free}
-        rank_file = RankFile(args.out, backend.rank, meta)
+        rank_file = RankFile(args.out, backend.rank, _meta(backend))
         for text in args.model:
             spec = ModelSpec.parse(text)
             for scaling in args.scaling.split(","):

@@ -16,7 +16,6 @@ __all__ = [
     "collect_header",
     "header_lines",
     "busy_warning",
-    "binding_summary",
     "cluster_line",
     "probe_line",
     "extra_launches_line",
@@ -103,30 +102,6 @@ def cluster_line(cluster: dict) -> str:
     )
 
 
-def binding_summary(cells: list, pin: bool) -> str:
-    """How each rank's threads were placed: the cores each local rank was pinned to, per process count."""
-    if not pin:
-        return "none: the OS placed every thread"
-    seen: dict = {}
-    idle_loops = 0
-    for cell in cells:
-        for rank in cell.get("ranks") or []:
-            idle_loops += rank.get("idle_loops") or 0
-            if rank.get("pinned_cores") is not None and cell["kind"] == "train":
-                seen.setdefault(cell["nproc"], {})[rank.get("local_rank", rank.get("rank", 0))] = rank["pinned_cores"]
-    if not seen:
-        return "each rank pins its compute to cores of its own (sched_setaffinity); no rank reported its cores"
-    parts = []
-    for n, ranks in sorted(seen.items()):
-        cores = " | ".join(",".join(map(str, ranks[r])) for r in sorted(ranks))
-        parts.append(f"{n} process{'es' * (n > 1)}: cores {cores}")
-    loops = "; gloo's event loop at idle priority (SCHED_IDLE) in every rank on torch's gloo" if idle_loops else ""
-    return (
-        "each rank's compute pinned to cores of its own once its backend had started (sched_setaffinity, every "
-        "launcher; the communication library's threads left free): " + "; ".join(parts) + loops
-    )
-
-
 def extra_launches_line(extra: dict) -> str:
     """Which cells got launches beyond --repeat because their intervals stayed wide
     (driver/runner.py's run_extra_launches)."""
@@ -172,8 +147,6 @@ def header_lines(header: dict, with_commands: bool = True) -> list[str]:
     ]
     if header.get("cluster"):
         lines.append(cluster_line(header["cluster"]))
-    if header.get("binding"):
-        lines.append(f"binding: {header['binding']}")
     floor = header.get("noise_floor")
     if floor:
         spread = "n/a (a launch failed)" if floor.get("spread") is None else f"{floor['spread']:.1%}"
