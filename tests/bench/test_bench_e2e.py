@@ -15,7 +15,6 @@ from conftest import RANK_ENV, ROOT
 from paraflow.bench.report.outputs import CSV_TABLES
 from paraflow.bench.report.tables import (
     BREAKDOWN_COLUMNS,
-    MEMCPY_COLUMNS,
     OVERHEAD_COLUMNS,
     SUMMED,
     TRAINING_COLUMNS,
@@ -76,7 +75,6 @@ def run(tmp_path_factory):
 
 
 EXPECTED_CELLS = {
-    "memcpy",
     "single-python-1-aa-r1",
     "single-python-1-aa-r2",
     *{f"{c}-r{r}" for c in ("single-python-1", "ddp-gloo-torchrun-2") for r in range(1, REPEAT + 1)},
@@ -155,7 +153,7 @@ def test_results_md_holds_the_header_every_table_and_the_commands(run):
     assert f"after each of {len(results['cells'])} launches): median" in md  # the machine speed probe
     for command in results["header"]["commands"]:
         assert command in md
-    for columns in (TRAINING_COLUMNS, sweep_columns(), MEMCPY_COLUMNS, OVERHEAD_COLUMNS):
+    for columns in (TRAINING_COLUMNS, sweep_columns(), OVERHEAD_COLUMNS):
         for key, header in columns.items():
             if key not in (
                 "model",
@@ -301,7 +299,7 @@ def test_plots_are_real_pngs_with_error_bars_from_the_intervals(run):
             [r for r in tables["training"] if r["scaling"] == "weak"],  # the figure shows weak scaling
             "samples_per_s",
         ),
-        (busbw_figure(tables["sweep"], tables["memcpy"], header, "GB/s"), tables["sweep"], "busbw"),
+        (busbw_figure(tables["sweep"], header, "GB/s"), tables["sweep"], "busbw"),
     ):
         bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
         segments = [seg for c in bars for lines in c.lines[2] for seg in lines.get_segments()]

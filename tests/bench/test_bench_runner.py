@@ -67,8 +67,6 @@ def test_worker_arguments_per_kind():
     assert train[train.index("--collectives") + 1] == "allreduce" and train[train.index("--dtypes") + 1] == "float32"
     assert train[train.index("--scaling") + 1] == "weak"
     assert train[train.index("--min-window") + 1] == "0.5" and train[train.index("--steps") + 1] == "3"
-    memcpy = worker_args(Cell("memcpy", None, "python", 1, 1), config, Path("/o"))
-    assert memcpy == ["--out", "/o", "--memcpy-sizes", "4096,16384", "--threads", "1"]
     assert "--overhead" not in train
     overhead = worker_args(Cell("train", "horovod", "mpirun", 2, 1, MLP, overhead=MLP[0]), config, Path("/o"))
     assert overhead[overhead.index("--overhead") + 1] == "mlp:width=16" and "--model" in overhead

@@ -119,19 +119,7 @@ def ddp(repeat, scale):
     return cell("train", "ddp-gloo", "torchrun", 2, ranks, sweep=True, repeat=repeat)
 
 
-MEMCPY = {
-    **cell(
-        "memcpy",
-        None,
-        "python",
-        1,
-        [rank(0, 1, {"memcpy": {"threads": 1, "devices": {"cpu": [{"bytes": 4096, "iters": 10, "time_s": 1e-6}]}}})],
-        repeat=0,
-    ),
-    "group": "memcpy",
-    "id": "memcpy",
-}
-CELLS = [MEMCPY, single(1, [0.010, 0.020, 0.030], 0.06), ddp(1, 1.0), single(2, [0.02, 0.04, 0.06], 0.12), ddp(2, 2.0)]
+CELLS = [single(1, [0.010, 0.020, 0.030], 0.06), ddp(1, 1.0), single(2, [0.02, 0.04, 0.06], 0.12), ddp(2, 2.0)]
 FAILED = cell(
     "train", "horovod", "mpirun", 2, [rank(0, 2, {})], status="timed out", error="timed out after 9 s", sweep=True
 )
@@ -189,7 +177,7 @@ def test_sweep_rows_set_paraflow_beside_raw():
     # both launches' ratios are 0.9, but each launch's own rounds (0.6, 1.2) keep the interval open
     assert row["vs_raw_low"] < 0.6 and row["vs_raw_high"] > 1.2  # two launches: t(1), wide
     assert row["busbw"] == round(4096 / 0.0027 / 1e9, 4) and row["algbw"] == row["busbw"]  # n = 2: factor 1
-    assert row["wrong"] == 2 and row["memcpy"] == 4.096  # rank 1's one wrong element, in each launch
+    assert row["wrong"] == 2  # rank 1's one wrong element, in each launch
     footer = tables["sweep_footer"][0]
     assert footer["wrong"] == 2 and footer["vs_raw_smallest"] == 0.9 and footer["worst_vs_raw_large"] is None
     assert tables["sweep_unsupported"][0]["dtype"] == "bfloat16"
@@ -286,7 +274,6 @@ def test_matrix_on_a_two_core_host_without_gpu():
         "horovod-horovodrun-2",
     ]
     assert ids == [
-        "memcpy",
         "single-python-1-aa-r1",
         "single-python-1-aa-r2",
         *[f"{t}-r1" for t in train],  # round 1 launches every cell, then round 2
@@ -324,18 +311,18 @@ def test_matrix_on_a_gpu_host_adds_dp_and_ddp_nccl_up_to_the_gpu_count():
     )
     ids = [c.id for c in m.cells]
     assert "dp-python-1-r1" in ids and "ddp-nccl-torchrun-2-r1" in ids and "ddp-nccl-torchrun-4-r1" not in ids
-    assert "memcpy" not in ids and not any(c.overhead or "-aa-" in c.id for c in m.cells)
+    assert not any(c.overhead or "-aa-" in c.id for c in m.cells)
     assert {c.threads for c in m.cells} == {4}  # 16 cores over the largest count, at every count
 
 
 def test_matrix_keeps_the_single_baseline_and_refuses_unknown_names():
     base = dict(available=AVAILABLE, cuda_devices=0, total_cores=2)
     m = build_matrix(BenchConfig(backends=["ddp-gloo"], nprocs=[2], overhead=False, repeat=1, aa_check=False), **base)
-    assert [c.id for c in m.cells] == ["memcpy", "single-python-1-r1", "ddp-gloo-torchrun-2-r1"]
+    assert [c.id for c in m.cells] == ["single-python-1-r1", "ddp-gloo-torchrun-2-r1"]
     m = build_matrix(
         BenchConfig(backends=["horovod"], launchers=["horovodrun"], nprocs=[2], repeat=1, aa_check=False), **base
     )
-    assert [c.id for c in m.cells] == ["memcpy", "single-python-1-r1", "horovod-horovodrun-2-r1"]
+    assert [c.id for c in m.cells] == ["single-python-1-r1", "horovod-horovodrun-2-r1"]
     m = build_matrix(BenchConfig(backends=["ddp-nccl"], repeat=1, aa_check=False), **base)
     assert "ddp-nccl" in m.skipped and [c.id for c in m.cells] == ["single-python-1-r1"]
     from paraflow.errors import UnknownBackendError

@@ -222,7 +222,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--no-allreduce",
         dest="allreduce",
         action="store_false",
-        help="skip the collective sweep and memory-copy bandwidth",
+        help="skip the collective sweep",
     )
     sweep.add_argument(
         "--collectives",

@@ -93,7 +93,7 @@ class BenchConfig:
             floor when that is larger): a smaller one is within what the machine drifts between runs.
         aa_check: launch the first training cell twice more at the start (A/A): the machine's noise floor.
         scaling: "weak" (fixed batch per process), "strong" (fixed global batch) or both.
-        sizes: collective sweep and memory-copy message sizes in bytes.
+        sizes: collective sweep message sizes in bytes.
         collectives: collectives the sweep measures.
         dtypes: element types the sweep measures.
         units: bandwidth unit of the sweep tables and plots, "GB/s" or "Gbit/s".
@@ -108,7 +108,7 @@ class BenchConfig:
         timeout: seconds each launch may take before its whole process group is killed.
         out: results folder.
         plots: write PNG plots (needs matplotlib).
-        allreduce: run the collective sweep and memory-copy bandwidth.
+        allreduce: run the collective sweep.
         overhead: run the abstraction-overhead comparison.
         seed: model initialisation and data seed.
         cluster: run on an emulated cluster of this many hosts, one rank per host (0: no cluster);

@@ -6,10 +6,10 @@ every model in turn (then, with two or more processes, the collective sweep). Ev
 cell is launched `repeat` times, round after round (round r launches every cell once), so a
 slow minute of the machine touches every cell alike rather than all launches of one. Before
 the rounds, an A/A pair launches the first cell twice on the first model: how far two launches
-of the same thing disagree is this machine's noise floor. A separate cell measures memory-copy
-bandwidth. The abstraction overhead against hand-written loops, at one process and at the
-largest process count, rides in the last planned launch of the cells it concerns, after their
-training: a launch of its own would cost the launcher's start and exit again (2-4 s here).
+of the same thing disagree is this machine's noise floor. The abstraction overhead against
+hand-written loops, at one process and at the largest process count, rides in the last planned
+launch of the cells it concerns, after their training: a launch of its own would cost the
+launcher's start and exit again (2-4 s here).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ BASELINE = "single"
 
 @dataclass(frozen=True)
 class Cell:
-    """One launch: `kind` is "train" (a backend's models, maybe the collective sweep, maybe the
-    abstraction overhead on model `overhead`) or "memcpy" (this machine's memory-copy bandwidth)."""
+    """One launch of `kind` "train": a backend's models, maybe the collective sweep, maybe the
+    abstraction overhead on model `overhead`."""
 
     kind: str
-    backend: Optional[str]
+    backend: str
     launcher: str
     nproc: int
     threads: int
@@ -52,8 +52,6 @@ class Cell:
     def group(self) -> str:
         """The cell's name without its repeat number: launches of one group are pooled."""
         suffix = ("-compiled" if self.compiled else "") + (f"-{self.tag}" if self.tag else "")
-        if self.kind == "memcpy":
-            return "memcpy" + suffix
         return f"{self.backend}-{self.launcher}-{self.nproc}{suffix}"
 
     @property
@@ -64,8 +62,6 @@ class Cell:
     @property
     def label(self) -> str:
         """What the cell runs, for the progress line."""
-        if self.kind == "memcpy":
-            return f"memory-copy bandwidth ({self.threads} thread{'s' * (self.threads > 1)})"
         procs = f"{self.nproc} process{'es' * (self.nproc > 1)}"
         what = ", ".join(m.label for m in self.models) + (" + collective sweep" if self.sweep else "")
         if self.overhead is not None:
@@ -180,8 +176,6 @@ def build_matrix(
                     if raw and first and launcher == programs[0] and n in (min(config.nprocs), max(config.nprocs)):
                         measured.add(train_cells[-1].group)
 
-    if config.allreduce and any(c.sweep for c in train_cells):
-        matrix.cells.append(Cell("memcpy", None, "python", 1, threads))
     if config.aa_check and train_cells:
         first = train_cells[0]
         for r in (1, 2):

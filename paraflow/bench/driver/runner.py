@@ -131,10 +131,9 @@ def command_line(command: list, env: dict) -> str:
 
 def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     """The worker's arguments for `cell` (everything after the module name)."""
-    args = ["--out", str(out_dir)]
-    if cell.kind == "memcpy":
-        return args + ["--memcpy-sizes", ",".join(map(str, config.sizes)), "--threads", str(cell.threads)]
-    args += [
+    args = [
+        "--out",
+        str(out_dir),
         "--backend",
         cell.backend,
         "--data",

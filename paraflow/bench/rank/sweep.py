@@ -14,11 +14,6 @@ gathered output for allgather, the scattered input for reduce_scatter.
 paraflow's calls are the in-place ``allreduce_`` and ``broadcast_`` and the list-returning
 ``allgather``, each with the cross-rank check and error translation every public collective has;
 reduce_scatter has no public call and is measured on the raw library only.
-
-The memory-copy bandwidth is the yardstick each backend's allreduce busbw is held to: for each
-size, a float32 buffer is copied into another (``dst.copy_(src)``) `iters` times, reported as
-size / time per copy: each byte counted once, as algbw counts it (STREAM's "copy" would count the
-read and the write, twice this figure).
 """
 
 from __future__ import annotations
@@ -32,7 +27,6 @@ from .train_loop import device_sync
 
 __all__ = [
     "run_sweep",
-    "run_memcpy",
     "iterations_for",
     "pattern",
     "expected",
@@ -175,31 +169,3 @@ def run_sweep(backend, raw, sizes: list, collectives: list, dtypes: list, rounds
                     backend.barrier()  # every rank refuses alike; realign before the next one
                 unsupported.append({"collective": collective, "dtype": dtype_name, "error": str(exc)[:200]})
     return {"world_size": backend.world_size, "device": str(backend.device), "rows": rows, "unsupported": unsupported}
-
-
-def _copy_sweep(sizes: list[int], device: torch.device, warmup: int = 2) -> list[dict]:
-    element = torch.tensor([], dtype=torch.float32).element_size()
-    rows = []
-    for size in sizes:
-        count = max(1, size // element)
-        src = torch.ones(count, dtype=torch.float32, device=device)
-        dst = torch.empty_like(src)
-        iters = max(10, iterations_for(count * element))  # copies are cheap: at least 10
-        for _ in range(warmup):
-            dst.copy_(src)
-        device_sync(device)
-        start = time.perf_counter()
-        for _ in range(iters):
-            dst.copy_(src)
-        device_sync(device)
-        rows.append({"bytes": count * element, "iters": iters, "time_s": (time.perf_counter() - start) / iters})
-    return rows
-
-
-def run_memcpy(sizes: list[int], threads: int) -> dict:
-    """Copy bandwidth on the CPU with `threads` threads (the count each rank uses), and on GPU 0 if present."""
-    torch.set_num_threads(threads)
-    result = {"threads": threads, "devices": {"cpu": _copy_sweep(sizes, torch.device("cpu"))}}
-    if torch.cuda.is_available():
-        result["devices"]["cuda"] = _copy_sweep(sizes, torch.device("cuda", 0))
-    return result

@@ -3,7 +3,6 @@
     <launcher> python -m paraflow.bench.rank.worker --out DIR --backend NAME --model mlp --model cnn \
         [--sweep-sizes 4096,65536 --collectives allreduce,allgather --dtypes float32] [--scaling weak,strong] \
         [--overhead mlp --overhead-pairs 150 --overhead-seconds 8] ...
-    python -m paraflow.bench.rank.worker --out DIR --memcpy-sizes 4096,65536 --threads 1
 
 The file is rewritten after every task, so a launch that dies part-way keeps what it finished.
 """
@@ -47,7 +46,7 @@ def _sizes(text: str) -> list[int]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="folder for rank<R>.json")
-    p.add_argument("--backend", help="paraflow backend to train under")
+    p.add_argument("--backend", required=True, help="paraflow backend to train under")
     p.add_argument("--model", action="append", default=[], help="model spec to train (repeatable)")
     p.add_argument("--sweep-sizes", type=_sizes, default=[], help="comma-separated bytes for the collective sweep")
     p.add_argument("--collectives", default="allreduce", help="comma-separated collectives for the sweep")
@@ -55,11 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=12, help="alternating raw / paraflow pairs per sweep size, at least")
     p.add_argument("--scaling", default="weak", help="weak, strong or weak,strong")
     p.add_argument("--max-warmup", type=float, default=2.0, help="seconds of warm-up steps, at most")
-    p.add_argument("--memcpy-sizes", type=_sizes, default=[], help="comma-separated bytes")
     p.add_argument("--overhead", help="model spec for paraflow-vs-raw abstraction overhead, after training")
     p.add_argument("--overhead-pairs", type=int, default=150, help="overhead: paraflow/raw/control step pairs")
     p.add_argument("--overhead-seconds", type=float, default=20.0, help="overhead: seconds of pairs, about, at most")
-    p.add_argument("--threads", type=int, default=None, help="torch threads for the memory copy")
     p.add_argument("--data", default="synthetic")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--input-shape", type=_sizes, default=None, help="one sample's shape for a factory's bare module")
@@ -97,16 +94,6 @@ def _meta(backend=None) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    threads = args.threads or int(os.environ.get("PARAFLOW_NUM_THREADS", "1"))
-    if args.memcpy_sizes:
-        from .sweep import run_memcpy
-
-        result = run_memcpy(args.memcpy_sizes, threads)
-        RankFile(args.out, 0, _meta()).add("memcpy", result)
-        return 0
-    if not args.backend:
-        print("worker: --backend is required for training, allreduce and overhead tasks", file=sys.stderr)
-        return 2
 
     import paraflow
 

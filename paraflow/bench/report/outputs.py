@@ -9,7 +9,6 @@ from pathlib import Path
 from .costmodel import FIT_COLUMNS, MODEL_NOTE, PROJECTION_COLUMNS, PUBLISHED_COLUMNS
 from .header import header_lines
 from .tables import (
-    MEMCPY_COLUMNS,
     OVERHEAD_COLUMNS,
     OVERHEAD_TARGET,
     SWEEP_FOOTER_COLUMNS,
@@ -34,7 +33,6 @@ CSV_TABLES = {
     "training.csv": ("training", TRAINING_COLUMNS),
     "sweep.csv": ("sweep", sweep_columns()),
     "sweep_summary.csv": ("sweep_footer", SWEEP_FOOTER_COLUMNS),
-    "memcpy.csv": ("memcpy", MEMCPY_COLUMNS),
     "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
     "costmodel.csv": ("costmodel_fit", FIT_COLUMNS),
     "projection.csv": ("projection", PROJECTION_COLUMNS),
@@ -85,7 +83,6 @@ DEFINITIONS = [
     "reduce_scatter; size = the whole gathered or scattered buffer), 1 (broadcast); paraflow/raw = median "
     "over rounds of a round's paraflow time over its raw time, then over launches; #wrong = elements "
     "differing from the exact expected result.",
-    "memcpy: size / time of one buffer copy with the threads each rank uses (each byte counted once, like algbw).",
     "abstraction overhead: one step through paraflow, one on the same loop set up by hand on the raw library and "
     "one on a second hand-written copy (the A/A control), each side with 3 models built and stepped in shuffled "
     "order; paired = median over pairs (model j of each side in one round) of paraflow / raw - 1, control = "
@@ -121,10 +118,8 @@ def _sweep_footer(footer: dict, unit: str) -> str:
     def bw(key: str) -> str:
         return "—" if footer.get(key) is None else f"{footer[key]:g} {unit}"
 
-    vs = footer.get("avg_busbw_vs_memcpy")
     return (
         f"# Avg bus bandwidth : raw {bw('avg_raw_busbw')}, paraflow {bw('avg_busbw')}"
-        + (f" ({vs * 100:.1f}% of memcpy)" if vs is not None else "")
         + f"   # Out of bounds values : {footer['wrong']} {'OK' if footer['wrong'] == 0 else 'WRONG'}"
     )
 
@@ -163,8 +158,6 @@ def _sections(results: dict, fmt: str) -> list:
                 _md_escape(u["error"]),
             )
         )
-    if tables["memcpy"]:
-        sections.append(("Memory-copy bandwidth of this machine", render(tables["memcpy"], MEMCPY_COLUMNS, fmt)))
     if tables["overhead"]:
         sections.append(
             (

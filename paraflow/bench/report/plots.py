@@ -107,7 +107,7 @@ def throughput_figure(rows: list, header: dict):
     return fig
 
 
-def busbw_figure(rows: list, memcpy: list, header: dict, unit: str):
+def busbw_figure(rows: list, header: dict, unit: str):
     """The bus-bandwidth figure (matplotlib), one panel per collective and dtype, error bars from the intervals."""
     plt = require_pyplot()
     ok = [r for r in rows if r["status"].startswith("ok") and r.get("size_bytes") is not None]
@@ -140,16 +140,6 @@ def busbw_figure(rows: list, memcpy: list, header: dict, unit: str):
                 linestyle=":",
                 color=color,
                 label=f"{label}: raw library",
-            )
-        for device in dict.fromkeys(r["device"] for r in memcpy):
-            points = [r for r in memcpy if r["device"] == device]
-            ax.plot(
-                [p["size_bytes"] for p in points],
-                [p["bw"] for p in points],
-                color="black",
-                linestyle="--",
-                linewidth=1,
-                label=f"memcpy on {device} ({points[0]['threads']} thread(s))",
             )
         sizes = sorted({r["size_bytes"] for r in ok if (r["collective"], r["dtype"]) == (collective, dtype)})
         ax.set_xscale("log", base=2)
@@ -225,7 +215,7 @@ def write_plots(results: dict, out: Path) -> list:
         written.append("throughput.png")
     if any(r["status"].startswith("ok") and r.get("size_bytes") is not None for r in tables["sweep"]):
         unit = results.get("config", {}).get("units", "GB/s")
-        _save(busbw_figure(tables["sweep"], tables["memcpy"], header, unit), out / "busbw.png")
+        _save(busbw_figure(tables["sweep"], header, unit), out / "busbw.png")
         written.append("busbw.png")
     if any(r["status"].startswith("ok") and r.get("compute_ms") is not None for r in tables["training"]):
         _save(breakdown_figure(tables["training"], header), out / "breakdown.png")

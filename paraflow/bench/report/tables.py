@@ -86,14 +86,12 @@ from .verdict import (
 __all__ = [
     "TRAINING_COLUMNS",
     "SWEEP_FOOTER_COLUMNS",
-    "MEMCPY_COLUMNS",
     "OVERHEAD_COLUMNS",
     "OVERHEAD_TARGET",
     "sweep_columns",
     "build_tables",
     "training_rows",
     "sweep_rows",
-    "memcpy_rows",
     "overhead_rows",
     "noise_floor",
     "render",
@@ -111,8 +109,6 @@ __all__ = [
 PERCENT_KEYS = {
     "scaling_efficiency",
     "comm_overhead",
-    "busbw_vs_memcpy",
-    "avg_busbw_vs_memcpy",
     "abstraction_overhead",
     "paired_overhead",
     "control_overhead",
@@ -168,7 +164,7 @@ def noise_floor(cells: list) -> Optional[dict]:
 def build_tables(cells: list, header: Optional[dict] = None, config: Optional[dict] = None) -> dict:
     """Every table from the cell records, and the verdict.
 
-    Tables: training, sweep (+ sweep_footer, sweep_unsupported), memcpy, overhead; noise_floor
+    Tables: training, sweep (+ sweep_footer, sweep_unsupported), overhead; noise_floor
     (the A/A check); verdict (list of {claim, text}); the cost model's costmodel_fit, predictions,
     projection and published (costmodel.py). `config` (results.json's) gives the noisy
     bound, the verdict's margin, the bandwidth unit and the scaling modes.
@@ -182,8 +178,7 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
 
 
 def _build(cells: list, opts: dict) -> dict:
-    memcpy = memcpy_rows(cells, opts["units"])
-    sweep, footers, unsupported = sweep_rows(cells, memcpy, opts["units"])
+    sweep, footers, unsupported = sweep_rows(cells, opts["units"])
     training, estimates = training_rows(cells, opts["scaling"], opts["noisy"])
     overhead = overhead_rows(cells)
     floor = noise_floor(cells)
@@ -195,7 +190,6 @@ def _build(cells: list, opts: dict) -> dict:
         "sweep": sweep,
         "sweep_footer": footers,
         "sweep_unsupported": unsupported,
-        "memcpy": memcpy,
         "overhead": overhead,
         "noise_floor": floor,
         "verdict": verdict,
@@ -590,8 +584,6 @@ def sweep_columns(unit: str = "GB/s") -> dict:
         "busbw": f"paraflow busbw({unit})",
         "vs_raw": "paraflow/raw",
         "wrong": "#wrong",
-        "memcpy": f"memcpy({unit})",
-        "busbw_vs_memcpy": "busbw/memcpy",
         "launches": "launches",
         "status": "status",
     }
@@ -607,37 +599,10 @@ SWEEP_FOOTER_COLUMNS = {
     "wrong": "#wrong",
     "avg_raw_busbw": "avg raw busbw",
     "avg_busbw": "avg paraflow busbw",
-    "avg_busbw_vs_memcpy": "avg busbw/memcpy",
     "worst_vs_raw_large": "worst paraflow/raw >= 1 MB",
     "vs_raw_smallest": "paraflow/raw smallest",
     "status": "status",
 }
-MEMCPY_COLUMNS = {
-    "device": "device",
-    "threads": "threads",
-    "size_bytes": "size(B)",
-    "time_us": "time(us)",
-    "bw": "copy",
-}
-
-
-def memcpy_rows(cells: list, unit: str = "GB/s") -> list:
-    """Copy bandwidth per device and size, from the memcpy cell."""
-    rows = []
-    for cell in cells:
-        tasks = task_of(cell, "memcpy") if cell["kind"] == "memcpy" else None
-        for device, sizes in tasks[0]["devices"].items() if tasks else ():
-            for s in sizes:
-                rows.append(
-                    {
-                        "device": device,
-                        "threads": tasks[0]["threads"],
-                        "size_bytes": s["bytes"],
-                        "time_us": rounded(s["time_s"] * 1e6, 3),
-                        "bw": rounded(s["bytes"] / s["time_s"] * UNIT_SCALE[unit], 4),
-                    }
-                )
-    return rows
 
 
 def _put_bw(row: dict, key: str, size: int, factor: float, time: intervals.Estimate, scale: float) -> None:
@@ -646,9 +611,8 @@ def _put_bw(row: dict, key: str, size: int, factor: float, time: intervals.Estim
     row[key], row[f"{key}_low"], row[f"{key}_high"] = (rounded(bw / t, 4) for t in (time.value, time.high, time.low))
 
 
-def _rows_of(group: str, found: list, ident: dict, copy_bw: dict, unit: str) -> tuple[list, list]:
+def _rows_of(group: str, found: list, ident: dict, unit: str) -> tuple[list, list]:
     n = ident["processes"]
-    device = device_name(found[0][0]["device"])
     keyed: dict = {}
     for launch, tasks in enumerate(found):
         for rank_task in tasks:
@@ -680,10 +644,6 @@ def _rows_of(group: str, found: list, ident: dict, copy_bw: dict, unit: str) -> 
             if "public" in times and "raw" in times:  # paired: a round's paraflow time over its raw time
                 ratios = [[p / r for p, r in zip(pub, raw)] for pub, raw in zip(times["public"], times["raw"])]
                 _put(row, "vs_raw", intervals.estimate(ratios, "median", "ratio", group, collective, dtype, size), 1, 3)
-            busbw = row["busbw"] if row["busbw"] is not None else row["raw_busbw"]
-            copy = copy_bw.get((device, size))
-            row["memcpy"] = copy
-            row["busbw_vs_memcpy"] = rounded(busbw / copy, 4) if copy and busbw is not None else None
             body.append(row)
         rows += body
         footers.append(_footer(ident, collective, dtype, body))
@@ -706,7 +666,6 @@ def _footer(ident: dict, collective: str, dtype: str, body: list) -> dict:
         "wrong": sum(r["wrong"] for r in body),
         "avg_raw_busbw": _mean([r["raw_busbw"] for r in body]),
         "avg_busbw": _mean([r["busbw"] for r in body]),
-        "avg_busbw_vs_memcpy": _mean([r["busbw_vs_memcpy"] for r in body]),
         "worst_vs_raw_large": max((r["vs_raw"] for r in large), default=None),
         # the interval ends that decide the verdict: the highest low end and the highest high end
         "worst_vs_raw_large_low": max(
@@ -722,10 +681,9 @@ def _footer(ident: dict, collective: str, dtype: str, body: list) -> dict:
     }
 
 
-def sweep_rows(cells: list, memcpy: Optional[list] = None, unit: str = "GB/s") -> tuple[list, list, list]:
+def sweep_rows(cells: list, unit: str = "GB/s") -> tuple[list, list, list]:
     """(rows, footers, unsupported): one row per cell group x collective x dtype x size, one footer per
     group x collective x dtype, and the collectives or dtypes a library refused."""
-    copy_bw = {(r["device"], r["size_bytes"]): r["bw"] for r in (memcpy or [])}
     rows, footers, unsupported = [], [], []
     for group, launches in groups(cells, "train").items():
         launches = [c for c in launches if c.get("sweep")]  # extra launches of a noisy cell skip it
@@ -745,7 +703,7 @@ def sweep_rows(cells: list, memcpy: Optional[list] = None, unit: str = "GB/s") -
             rows.append({**dict.fromkeys(sweep_columns(unit)), **ident, "status": status})
             footers.append({**dict.fromkeys(SWEEP_FOOTER_COLUMNS), **ident, "status": status})
             continue
-        body, feet = _rows_of(group, found, ident, copy_bw, unit)
+        body, feet = _rows_of(group, found, ident, unit)
         for row in body + feet:
             row["status"] = status
         rows += body
