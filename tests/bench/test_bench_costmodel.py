@@ -48,7 +48,6 @@ def test_fit_sweep_reports_residuals_per_size_and_uses_the_raw_time():
     rows = [
         {
             "collective": "allreduce",
-            "dtype": "float32",
             "status": "ok",
             "backend": "horovod",
             "launcher": "mpirun",

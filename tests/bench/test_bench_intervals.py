@@ -342,7 +342,6 @@ def test_sweep_verdict_is_yes_no_or_within_noise_from_the_intervals():
         (v, lo, hi), (sv, slo, shi) = large, small
         return {
             "collective": "allreduce",
-            "dtype": "float32",
             "backend": "ddp-gloo",
             "launcher": "torchrun",
             "processes": 2,

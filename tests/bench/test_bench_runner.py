@@ -64,7 +64,7 @@ def test_worker_arguments_per_kind():
     )
     assert train[train.index("--model") + 1] == "mlp:width=16" and train.count("--model") == 2
     assert train[train.index("--sweep-sizes") + 1] == "4096,16384"
-    assert train[train.index("--collectives") + 1] == "allreduce" and train[train.index("--dtypes") + 1] == "float32"
+    assert train[train.index("--collectives") + 1] == "allreduce"
     assert train[train.index("--scaling") + 1] == "weak"
     assert train[train.index("--min-window") + 1] == "0.5" and train[train.index("--steps") + 1] == "3"
     assert "--overhead" not in train

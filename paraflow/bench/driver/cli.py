@@ -232,23 +232,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="collectives the sweep measures: allreduce, allgather, reduce_scatter, broadcast, or all "
         "(default: allreduce)",
     )
-    sweep.add_argument(
-        "--dtypes",
-        type=_list,
-        default=["float32"],
-        metavar="NAMES",
-        help="float32, float16, bfloat16 (default: float32)",
-    )
     sweep.add_argument("--min-bytes", default="4K", help="smallest sweep message (default: 4K)")
     sweep.add_argument("--max-bytes", default="64M", help="largest sweep message (default: 64M)")
-    sweep.add_argument("--step-factor", type=int, default=4, help="size multiplier between messages (default: 4)")
-    sweep.add_argument(
-        "--sweep-rounds",
-        type=int,
-        default=12,
-        help="alternating raw / paraflow pairs per sweep size, at least: more resolve paraflow/raw finer (default: 12)",
-    )
-    sweep.add_argument("--units", choices=("GB/s", "Gbit/s"), default="GB/s", help="bandwidth unit (default: GB/s)")
 
     overhead = p.add_argument_group("abstraction overhead (paraflow against the raw library)")
     overhead.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the abstraction overhead")
@@ -336,7 +321,7 @@ def config_from_args(args: argparse.Namespace):
         models=args.model or list(DEFAULT_MODELS),
         max_repeat=max(args.max_repeat, args.repeat),
         collectives=list(COLLECTIVES) if args.collectives == ["all"] else args.collectives,
-        sizes=message_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor),
+        sizes=message_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes)),
     )
     return BenchConfig(**values)
 

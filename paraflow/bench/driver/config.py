@@ -11,14 +11,12 @@ from ..model_spec import ModelSpec
 from ..report.verdict import DEFAULT_MARGIN
 
 __all__ = ["BenchConfig", "parse_size", "message_sizes"]
-__all__ += ["DEFAULT_MODELS", "COLLECTIVES", "DTYPES", "UNITS"]
+__all__ += ["DEFAULT_MODELS", "COLLECTIVES"]
 
 #: Defaults that cover both regimes: a wide MLP sends one large gradient message (4.5 MB) per
 #: step; the CNN (0.08 MB) and the transformer (0.4 MB over ~30 tensors) send small ones.
 DEFAULT_MODELS = ("mlp:width=1024", "cnn", "transformer")
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
-DTYPES = ("float32", "float16", "bfloat16")
-UNITS = ("GB/s", "Gbit/s")
 SCALINGS = ("weak", "strong")
 
 _UNITS = {
@@ -44,16 +42,14 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2).upper()]
 
 
-def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
-    """min_bytes, min_bytes*factor, ... up to max_bytes (nccl-tests' -b, -e, -f)."""
+def message_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """min_bytes, 4 * min_bytes, 16 * min_bytes, ... up to max_bytes (nccl-tests' -b, -e, -f 4)."""
     if min_bytes < 4 or max_bytes < min_bytes:
         raise ConfigurationError(f"message sizes {min_bytes}..{max_bytes} B: need 4 <= min <= max.")
-    if factor < 2:
-        raise ConfigurationError(f"size factor {factor} must be at least 2.")
     sizes, size = [], min_bytes
     while size <= max_bytes:
         sizes.append(size - size % 4)  # whole float32 elements
-        size *= factor
+        size *= 4
     return sizes
 
 
@@ -95,11 +91,6 @@ class BenchConfig:
         scaling: "weak" (fixed batch per process), "strong" (fixed global batch) or both.
         sizes: collective sweep message sizes in bytes.
         collectives: collectives the sweep measures.
-        dtypes: element types the sweep measures.
-        units: bandwidth unit of the sweep tables and plots, "GB/s" or "Gbit/s".
-        sweep_rounds: alternating raw / paraflow pairs (one operation each) per sweep size, at
-            least (smaller sizes get more: as many as moving about 256 MB takes, up to 40 below
-            1 MB and 200 from 1 MB up).
         overhead_steps: paraflow/raw/control step pairs for the abstraction overhead.
         overhead_seconds: fewer pairs when they would take longer than about this, or than the
             time budget leaves them (at least 60).
@@ -141,11 +132,8 @@ class BenchConfig:
     margin: float = DEFAULT_MARGIN
     aa_check: bool = True
     scaling: list = field(default_factory=lambda: ["weak"])
-    sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024**2, 4))
+    sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024**2))
     collectives: list = field(default_factory=lambda: ["allreduce"])
-    dtypes: list = field(default_factory=lambda: ["float32"])
-    units: str = "GB/s"
-    sweep_rounds: int = 12
     overhead_steps: int = 150
     overhead_seconds: float = 8.0
     overhead_model: Optional[ModelSpec] = None
@@ -174,7 +162,6 @@ class BenchConfig:
             ("repeat", self.repeat, 1),
             ("max_repeat", self.max_repeat, int(self.repeat)),
             ("time_budget", self.time_budget, 1),
-            ("sweep_rounds", self.sweep_rounds, 1),
             ("threads", 1 if self.threads is None else self.threads, 1),
         ):
             if int(value) < low:
@@ -192,15 +179,12 @@ class BenchConfig:
         for name, values, known in (
             ("scaling", self.scaling, SCALINGS),
             ("collectives", self.collectives, COLLECTIVES),
-            ("dtypes", self.dtypes, DTYPES),
         ):
             wrong = [v for v in values if v not in known] or ([] if values else ["(none)"])
             if wrong:
                 raise ConfigurationError(
                     f"{name} {', '.join(wrong)}: choose from {', '.join(known)} (e.g. --{name} {known[0]})."
                 )
-        if self.units not in UNITS:
-            raise ConfigurationError(f"units {self.units!r}: choose GB/s or Gbit/s (--units Gbit/s).")
         if not 0 < self.noisy < 1:
             raise ConfigurationError(f"noisy={self.noisy}: give a fraction between 0 and 1, e.g. --noisy 0.1.")
         if not 0 <= self.margin < 1:

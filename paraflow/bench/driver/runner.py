@@ -156,8 +156,7 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     args += ["--compile"] if cell.compiled else []
     if cell.sweep:
         args += ["--sweep-sizes", ",".join(map(str, config.sizes))]
-        args += ["--collectives", ",".join(config.collectives), "--dtypes", ",".join(config.dtypes)]
-        args += ["--rounds", str(config.sweep_rounds)]
+        args += ["--collectives", ",".join(config.collectives)]
     if cell.overhead is not None:
         args += ["--overhead", str(cell.overhead), "--overhead-pairs", str(config.overhead_steps)]
         args += ["--overhead-seconds", f"{config.overhead_seconds:g}"]

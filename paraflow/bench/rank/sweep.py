@@ -1,13 +1,13 @@
 """nccl-tests-style collective sweep one rank runs: paraflow's public call beside the raw library's.
 
-For each collective, dtype and size: a warm-up (long enough for paraflow's check to settle into
+For each collective and size (float32 elements): a warm-up (long enough for paraflow's check to settle into
 the form a repeated call takes), a barrier, then rounds in which the raw library's call and
 paraflow's public call each run once, timed alone, the order flipping every round: load that
 drifts during the sweep hits both alike, and every round is a pair. There are as many rounds as
 the size's operations (about BYTES_PER_SIZE bytes moved), at least `rounds`; a side's time per
 operation is the median over rounds. Then one checked operation per
 side on a known pattern: rank r holds (r + 1) * (i % 13 + 1) at element i, so every expected
-element is a small integer, exact in float32, float16 and bfloat16; elements that differ are
+element is a small integer, exact in float32 (and in float16 and bfloat16); elements that differ are
 counted as #wrong. Sizes follow nccl-tests: the whole buffer for allreduce and broadcast, the
 gathered output for allgather, the scattered input for reduce_scatter.
 
@@ -31,12 +31,10 @@ __all__ = [
     "pattern",
     "expected",
     "count_wrong",
-    "DTYPES",
     "ROUNDS",
     "MIN_WARMUP",
 ]
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: Roughly this many bytes are moved per size and side, so small messages get many iterations:
 #: up to MAX_ITERS from LARGE_BYTES up, where paraflow's fixed cost is a few percent of the call
 #: and a 1 MB ratio over 200 pairs scatters about half as much between launches as over 40; below,
@@ -112,9 +110,9 @@ def _timed(call, buffer, device) -> float:
     return time.perf_counter() - start
 
 
-def _one_size(backend, raw, collective: str, dtype_name: str, size: int, rounds: int) -> list:
+def _one_size(backend, raw, collective: str, size: int, rounds: int) -> list:
     device, n, rank = backend.device, backend.world_size, backend.rank
-    dtype = DTYPES[dtype_name]
+    dtype = torch.float32
     element = torch.tensor([], dtype=dtype).element_size()
     per_rank = size // element if collective in ("allreduce", "broadcast") else size // (element * n)
     count = max(1, per_rank)
@@ -140,7 +138,6 @@ def _one_size(backend, raw, collective: str, dtype_name: str, size: int, rounds:
             {
                 "collective": collective,
                 "impl": side,
-                "dtype": dtype_name,
                 "bytes": total_bytes,
                 "count": count * (1 if collective in ("allreduce", "broadcast") else n),
                 "iters": pairs,
@@ -152,20 +149,19 @@ def _one_size(backend, raw, collective: str, dtype_name: str, size: int, rounds:
     return rows
 
 
-def run_sweep(backend, raw, sizes: list, collectives: list, dtypes: list, rounds: int = ROUNDS) -> dict:
-    """Sweep `sizes` (bytes) for each collective and dtype; this rank's times and checks.
+def run_sweep(backend, raw, sizes: list, collectives: list, rounds: int = ROUNDS) -> dict:
+    """Sweep `sizes` (bytes) for each collective; this rank's times and checks.
 
     `raw` is the backend's ``raw_loop`` (None: paraflow's calls only).
-    A collective or dtype the library refuses becomes an entry of "unsupported" with the error.
+    A collective the library refuses becomes an entry of "unsupported" with the error.
     """
     rows, unsupported = [], []
     for collective in collectives:
-        for dtype_name in dtypes:
-            try:
-                for size in sizes:
-                    rows += _one_size(backend, raw, collective, dtype_name, size, rounds)
-            except (ValueError, TypeError, RuntimeError) as exc:  # horovod refuses bfloat16, for one
-                if backend.world_size > 1:
-                    backend.barrier()  # every rank refuses alike; realign before the next one
-                unsupported.append({"collective": collective, "dtype": dtype_name, "error": str(exc)[:200]})
+        try:
+            for size in sizes:
+                rows += _one_size(backend, raw, collective, size, rounds)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            if backend.world_size > 1:
+                backend.barrier()  # every rank refuses alike; realign before the next one
+            unsupported.append({"collective": collective, "error": str(exc)[:200]})
     return {"world_size": backend.world_size, "device": str(backend.device), "rows": rows, "unsupported": unsupported}

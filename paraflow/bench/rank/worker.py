@@ -1,7 +1,7 @@
 """What each rank of a benchmark launch runs; writes its raw numbers to OUT/rank<R>.json.
 
     <launcher> python -m paraflow.bench.rank.worker --out DIR --backend NAME --model mlp --model cnn \
-        [--sweep-sizes 4096,65536 --collectives allreduce,allgather --dtypes float32] [--scaling weak,strong] \
+        [--sweep-sizes 4096,65536 --collectives allreduce,allgather] [--scaling weak,strong] \
         [--overhead mlp --overhead-pairs 150 --overhead-seconds 8] ...
 
 The file is rewritten after every task, so a launch that dies part-way keeps what it finished.
@@ -50,8 +50,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", action="append", default=[], help="model spec to train (repeatable)")
     p.add_argument("--sweep-sizes", type=_sizes, default=[], help="comma-separated bytes for the collective sweep")
     p.add_argument("--collectives", default="allreduce", help="comma-separated collectives for the sweep")
-    p.add_argument("--dtypes", default="float32", help="comma-separated dtypes for the sweep")
-    p.add_argument("--rounds", type=int, default=12, help="alternating raw / paraflow pairs per sweep size, at least")
     p.add_argument("--scaling", default="weak", help="weak, strong or weak,strong")
     p.add_argument("--max-warmup", type=float, default=2.0, help="seconds of warm-up steps, at most")
     p.add_argument("--overhead", help="model spec for paraflow-vs-raw abstraction overhead, after training")
@@ -115,8 +113,7 @@ def main(argv=None) -> int:
             from .sweep import run_sweep
 
             raw = raw_loop(args.backend)
-            collectives, dtypes = args.collectives.split(","), args.dtypes.split(",")
-            sweep = run_sweep(backend, raw, args.sweep_sizes, collectives, dtypes, rounds=args.rounds)
+            sweep = run_sweep(backend, raw, args.sweep_sizes, args.collectives.split(","))
             rank_file.add("sweep", sweep)
         if args.overhead:
             from .overhead import run_overhead

@@ -203,7 +203,7 @@ def fit_sweep(sweep: list, header: Optional[dict] = None) -> list:
     """
     grouped: dict = {}
     for row in sweep:
-        if row.get("collective") != "allreduce" or row.get("dtype") != "float32" or row.get("size_bytes") is None:
+        if row.get("collective") != "allreduce" or row.get("size_bytes") is None:
             continue
         if not str(row.get("status", "")).startswith("ok"):
             continue

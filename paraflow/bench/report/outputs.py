@@ -11,11 +11,11 @@ from .header import header_lines
 from .tables import (
     OVERHEAD_COLUMNS,
     OVERHEAD_TARGET,
+    SWEEP_COLUMNS,
     SWEEP_FOOTER_COLUMNS,
     TRAINING_COLUMNS,
     csv_columns,
     render,
-    sweep_columns,
 )
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
 #: CSV file -> (table key, columns); a CSV header names the columns by key, so no unit enters it.
 CSV_TABLES = {
     "training.csv": ("training", TRAINING_COLUMNS),
-    "sweep.csv": ("sweep", sweep_columns()),
+    "sweep.csv": ("sweep", SWEEP_COLUMNS),
     "sweep_summary.csv": ("sweep_footer", SWEEP_FOOTER_COLUMNS),
     "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
     "costmodel.csv": ("costmodel_fit", FIT_COLUMNS),
@@ -78,7 +78,7 @@ DEFINITIONS = [
     "the same seed and data, so rows with the same process count should agree.",
     "sweep: nccl-tests style; per size the raw library's call and paraflow's public call (allreduce_, "
     "broadcast_ in place, allgather returning a list) alternate, one operation each per round "
-    "(--sweep-rounds pairs at least, up to 40 below 1 MB and 200 from 1 MB up); time = median over rounds "
+    "(12 pairs at least, up to 40 below 1 MB and 200 from 1 MB up), float32 elements; time = median over rounds "
     "of the slowest rank's time; algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, "
     "reduce_scatter; size = the whole gathered or scattered buffer), 1 (broadcast); paraflow/raw = median "
     "over rounds of a round's paraflow time over its raw time, then over launches; #wrong = elements "
@@ -111,12 +111,12 @@ def _by(rows: list, keys: tuple) -> dict:
 
 #: Columns left out of the terminal and Markdown tables (they stay in the CSV and JSON).
 TRAINING_HIDDEN = ("model", "scaling", "transport", "device", "batch_per_rank", "parameters", "grad_mb_per_step")
-SWEEP_HIDDEN = ("backend", "launcher", "transport", "processes", "collective", "dtype")
+SWEEP_HIDDEN = ("backend", "launcher", "transport", "processes", "collective")
 
 
-def _sweep_footer(footer: dict, unit: str) -> str:
+def _sweep_footer(footer: dict) -> str:
     def bw(key: str) -> str:
-        return "—" if footer.get(key) is None else f"{footer[key]:g} {unit}"
+        return "—" if footer.get(key) is None else f"{footer[key]:g} GB/s"
 
     return (
         f"# Avg bus bandwidth : raw {bw('avg_raw_busbw')}, paraflow {bw('avg_busbw')}"
@@ -127,7 +127,6 @@ def _sweep_footer(footer: dict, unit: str) -> str:
 def _sections(results: dict, fmt: str) -> list:
     """(title, text) pairs for every table of results.md, in reading order."""
     tables = results["tables"]
-    unit = results.get("config", {}).get("units", "GB/s")
     sections = []
     for (model, scaling), rows in _by(tables["training"], ("model", "scaling")).items():
         first = next((r for r in rows if r["parameters"] is not None), rows[0])
@@ -141,20 +140,19 @@ def _sections(results: dict, fmt: str) -> list:
         hidden += ("peak_cuda_mb",) if all(r.get("peak_cuda_mb") is None for r in rows) else ()
         title = f"Training: {model}, {scaling} scaling ({about})"
         sections.append((title, render(rows, TRAINING_COLUMNS, fmt, drop=hidden)))
-    footers = {
-        (f["backend"], f["launcher"], f["processes"], f["collective"], f["dtype"]): f for f in tables["sweep_footer"]
-    }
-    for key, rows in _by(tables["sweep"], ("backend", "launcher", "processes", "collective", "dtype")).items():
-        text = render(rows, sweep_columns(unit), fmt, drop=SWEEP_HIDDEN)
+    keys = ("backend", "launcher", "processes", "collective")
+    footers = {tuple(f[k] for k in keys): f for f in tables["sweep_footer"]}
+    for key, rows in _by(tables["sweep"], keys).items():
+        text = render(rows, SWEEP_COLUMNS, fmt, drop=SWEEP_HIDDEN)
         if footers.get(key, {}).get("sizes"):
-            text += f"\n\n`{_sweep_footer(footers[key], unit)}`"
-        backend, launcher, n, collective, dtype = key
-        title = f"{collective or 'Sweep'} {dtype or ''}: {backend} under {launcher}, {n} processes".strip()
+            text += f"\n\n`{_sweep_footer(footers[key])}`"
+        backend, launcher, n, collective = key
+        title = f"{collective or 'Sweep'} float32: {backend} under {launcher}, {n} processes"
         sections.append((title[0].upper() + title[1:], text))
     for u in tables.get("sweep_unsupported", []):
         sections.append(
             (
-                f"Not measured: {u['collective']} {u['dtype']} under {u['backend']} · {u['launcher']}",
+                f"Not measured: {u['collective']} under {u['backend']} · {u['launcher']}",
                 _md_escape(u["error"]),
             )
         )

@@ -107,16 +107,16 @@ def throughput_figure(rows: list, header: dict):
     return fig
 
 
-def busbw_figure(rows: list, header: dict, unit: str):
-    """The bus-bandwidth figure (matplotlib), one panel per collective and dtype, error bars from the intervals."""
+def busbw_figure(rows: list, header: dict):
+    """The bus-bandwidth figure (matplotlib), one panel per collective, error bars from the intervals."""
     plt = require_pyplot()
     ok = [r for r in rows if r["status"].startswith("ok") and r.get("size_bytes") is not None]
-    panels = list(dict.fromkeys((r["collective"], r["dtype"]) for r in ok))
+    panels = list(dict.fromkeys(r["collective"] for r in ok))
     fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 6.2), squeeze=False)
-    for ax, (collective, dtype) in zip(axes[0], panels):
+    for ax, collective in zip(axes[0], panels):
         series: dict = {}
         for r in ok:
-            if (r["collective"], r["dtype"]) == (collective, dtype):
+            if r["collective"] == collective:
                 series.setdefault(f"{r['backend']} · {r['launcher']} · {r['processes']} procs", []).append(r)
         for label, points in series.items():
             sizes = [p["size_bytes"] for p in points]
@@ -141,15 +141,15 @@ def busbw_figure(rows: list, header: dict, unit: str):
                 color=color,
                 label=f"{label}: raw library",
             )
-        sizes = sorted({r["size_bytes"] for r in ok if (r["collective"], r["dtype"]) == (collective, dtype)})
+        sizes = sorted({r["size_bytes"] for r in ok if r["collective"] == collective})
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(sizes)
         ax.set_xticklabels([size_label(s) for s in sizes])
         ax.minorticks_off()
         ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel(f"busbw ({unit}; GB = 1e9 bytes)")
-        ax.set_title(f"{collective} {dtype}: bus bandwidth (bars: 95% intervals over launches)", fontsize=10)
+        ax.set_ylabel("busbw (GB/s; GB = 1e9 bytes)")
+        ax.set_title(f"{collective} float32: bus bandwidth (bars: 95% intervals over launches)", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     fig.tight_layout(rect=(0, footer(fig, header), 1, 1))
@@ -214,8 +214,7 @@ def write_plots(results: dict, out: Path) -> list:
         _save(throughput_figure(tables["training"], header), out / "throughput.png")
         written.append("throughput.png")
     if any(r["status"].startswith("ok") and r.get("size_bytes") is not None for r in tables["sweep"]):
-        unit = results.get("config", {}).get("units", "GB/s")
-        _save(busbw_figure(tables["sweep"], header, unit), out / "busbw.png")
+        _save(busbw_figure(tables["sweep"], header), out / "busbw.png")
         written.append("busbw.png")
     if any(r["status"].startswith("ok") and r.get("compute_ms") is not None for r in tables["training"]):
         _save(breakdown_figure(tables["training"], header), out / "breakdown.png")

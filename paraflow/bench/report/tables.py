@@ -88,7 +88,7 @@ __all__ = [
     "SWEEP_FOOTER_COLUMNS",
     "OVERHEAD_COLUMNS",
     "OVERHEAD_TARGET",
-    "sweep_columns",
+    "SWEEP_COLUMNS",
     "build_tables",
     "training_rows",
     "sweep_rows",
@@ -135,7 +135,6 @@ def _options(config: Optional[dict]) -> dict:
     return {
         "noisy": config.get("noisy", 0.10),
         "margin": config.get("margin", DEFAULT_MARGIN),
-        "units": config.get("units", "GB/s"),
         "scaling": tuple(config.get("scaling") or ("weak",)),
     }
 
@@ -167,7 +166,7 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
     Tables: training, sweep (+ sweep_footer, sweep_unsupported), overhead; noise_floor
     (the A/A check); verdict (list of {claim, text}); the cost model's costmodel_fit, predictions,
     projection and published (costmodel.py). `config` (results.json's) gives the noisy
-    bound, the verdict's margin, the bandwidth unit and the scaling modes.
+    bound, the verdict's margin and the scaling modes.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # many small tensor operations: on a busy machine 2 threads took 20x longer
@@ -178,7 +177,7 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
 
 
 def _build(cells: list, opts: dict) -> dict:
-    sweep, footers, unsupported = sweep_rows(cells, opts["units"])
+    sweep, footers, unsupported = sweep_rows(cells)
     training, estimates = training_rows(cells, opts["scaling"], opts["noisy"])
     overhead = overhead_rows(cells)
     floor = noise_floor(cells)
@@ -561,32 +560,27 @@ def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10)
     return [rows[i] for i in ranked], [estimates[i] for i in ranked]
 
 
-#: Bandwidth unit -> factor from bytes per second.
-UNIT_SCALE = {"GB/s": 1e-9, "Gbit/s": 8e-9}
 LARGE = 1024**2  # paraflow's target: within 1.1x of raw from 1 MB up
 
-
-def sweep_columns(unit: str = "GB/s") -> dict:
-    """Sweep columns with `unit` in the bandwidth headers."""
-    return {
-        "backend": "backend",
-        "launcher": "launcher",
-        "transport": "transport",
-        "processes": "procs",
-        "collective": "collective",
-        "dtype": "type",
-        "size_bytes": "size(B)",
-        "count": "count",
-        "raw_time_us": "raw time(us)",
-        "raw_busbw": f"raw busbw({unit})",
-        "time_us": "paraflow time(us)",
-        "algbw": f"paraflow algbw({unit})",
-        "busbw": f"paraflow busbw({unit})",
-        "vs_raw": "paraflow/raw",
-        "wrong": "#wrong",
-        "launches": "launches",
-        "status": "status",
-    }
+#: The sweep's columns (float32 elements; GB = 1e9 bytes).
+SWEEP_COLUMNS = {
+    "backend": "backend",
+    "launcher": "launcher",
+    "transport": "transport",
+    "processes": "procs",
+    "collective": "collective",
+    "size_bytes": "size(B)",
+    "count": "count",
+    "raw_time_us": "raw time(us)",
+    "raw_busbw": "raw busbw(GB/s)",
+    "time_us": "paraflow time(us)",
+    "algbw": "paraflow algbw(GB/s)",
+    "busbw": "paraflow busbw(GB/s)",
+    "vs_raw": "paraflow/raw",
+    "wrong": "#wrong",
+    "launches": "launches",
+    "status": "status",
+}
 
 
 SWEEP_FOOTER_COLUMNS = {
@@ -594,7 +588,6 @@ SWEEP_FOOTER_COLUMNS = {
     "launcher": "launcher",
     "processes": "procs",
     "collective": "collective",
-    "dtype": "type",
     "sizes": "sizes",
     "wrong": "#wrong",
     "avg_raw_busbw": "avg raw busbw",
@@ -605,27 +598,27 @@ SWEEP_FOOTER_COLUMNS = {
 }
 
 
-def _put_bw(row: dict, key: str, size: int, factor: float, time: intervals.Estimate, scale: float) -> None:
-    """Bandwidth from a time estimate: the interval's ends swap (a longer time is a lower bandwidth)."""
-    bw = size * factor * scale
+def _put_bw(row: dict, key: str, size: int, factor: float, time: intervals.Estimate) -> None:
+    """Bandwidth (GB/s) from a time estimate: the interval's ends swap (a longer time is a lower bandwidth)."""
+    bw = size * factor * 1e-9
     row[key], row[f"{key}_low"], row[f"{key}_high"] = (rounded(bw / t, 4) for t in (time.value, time.high, time.low))
 
 
-def _rows_of(group: str, found: list, ident: dict, unit: str) -> tuple[list, list]:
+def _rows_of(group: str, found: list, ident: dict) -> tuple[list, list]:
     n = ident["processes"]
     keyed: dict = {}
     for launch, tasks in enumerate(found):
         for rank_task in tasks:
             for r in rank_task["rows"]:
-                slot = keyed.setdefault((r["collective"], r["dtype"]), {}).setdefault(r["bytes"], {"count": r["count"]})
+                slot = keyed.setdefault(r["collective"], {}).setdefault(r["bytes"], {"count": r["count"]})
                 side = slot.setdefault(r["impl"], {})
                 side.setdefault("time", {}).setdefault(launch, []).append(r.get("round_s") or [r["time_s"]])
                 side["wrong"] = side.get("wrong", 0) + r["wrong"]
     rows, footers = [], []
-    for (collective, dtype), sizes in keyed.items():
+    for collective, sizes in keyed.items():
         body = []
         for size, slot in sorted(sizes.items()):
-            row = {**dict.fromkeys(sweep_columns(unit)), **ident, "collective": collective, "dtype": dtype}
+            row = {**dict.fromkeys(SWEEP_COLUMNS), **ident, "collective": collective}
             row.update(size_bytes=size, count=slot["count"], launches=len(found), status="ok")
             factor = metrics.bus_factor(n, collective)
             times = {}
@@ -634,19 +627,19 @@ def _rows_of(group: str, found: list, ident: dict, unit: str) -> tuple[list, lis
                     continue
                 per_launch = [metrics.slowest_rank_per_step(ranks) for ranks in data["time"].values()]  # per round
                 times[side] = per_launch
-                est = intervals.estimate(per_launch, "median", "time", group, collective, dtype, size, side)
+                est = intervals.estimate(per_launch, "median", "time", group, collective, size, side)
                 prefix = "raw_" if side == "raw" else ""
                 _put(row, f"{prefix}time_us", est, 1e6, 2)
-                _put_bw(row, f"{prefix}busbw", size, factor, est, UNIT_SCALE[unit])
+                _put_bw(row, f"{prefix}busbw", size, factor, est)
                 if side == "public":
-                    _put_bw(row, "algbw", size, 1.0, est, UNIT_SCALE[unit])
+                    _put_bw(row, "algbw", size, 1.0, est)
             row["wrong"] = sum(d["wrong"] for k, d in slot.items() if k != "count")
             if "public" in times and "raw" in times:  # paired: a round's paraflow time over its raw time
                 ratios = [[p / r for p, r in zip(pub, raw)] for pub, raw in zip(times["public"], times["raw"])]
-                _put(row, "vs_raw", intervals.estimate(ratios, "median", "ratio", group, collective, dtype, size), 1, 3)
+                _put(row, "vs_raw", intervals.estimate(ratios, "median", "ratio", group, collective, size), 1, 3)
             body.append(row)
         rows += body
-        footers.append(_footer(ident, collective, dtype, body))
+        footers.append(_footer(ident, collective, body))
     return rows, footers
 
 
@@ -655,13 +648,12 @@ def _mean(values: list) -> Optional[float]:
     return rounded(statistics.fmean(values), 4) if values else None
 
 
-def _footer(ident: dict, collective: str, dtype: str, body: list) -> dict:
+def _footer(ident: dict, collective: str, body: list) -> dict:
     large = [r for r in body if r["vs_raw"] is not None and r["size_bytes"] >= LARGE]
     first = body[0] if body else {}
     return {
         **{k: ident[k] for k in ("backend", "launcher", "processes")},
         "collective": collective,
-        "dtype": dtype,
         "sizes": len(body),
         "wrong": sum(r["wrong"] for r in body),
         "avg_raw_busbw": _mean([r["raw_busbw"] for r in body]),
@@ -681,9 +673,9 @@ def _footer(ident: dict, collective: str, dtype: str, body: list) -> dict:
     }
 
 
-def sweep_rows(cells: list, unit: str = "GB/s") -> tuple[list, list, list]:
-    """(rows, footers, unsupported): one row per cell group x collective x dtype x size, one footer per
-    group x collective x dtype, and the collectives or dtypes a library refused."""
+def sweep_rows(cells: list) -> tuple[list, list, list]:
+    """(rows, footers, unsupported): one row per cell group x collective x size, one footer per
+    group x collective, and the collectives a library refused."""
     rows, footers, unsupported = [], [], []
     for group, launches in groups(cells, "train").items():
         launches = [c for c in launches if c.get("sweep")]  # extra launches of a noisy cell skip it
@@ -700,16 +692,16 @@ def sweep_rows(cells: list, unit: str = "GB/s") -> tuple[list, list, list]:
         found = [t for c in launches for t in [task_of(c, "sweep")] if t is not None]
         status = group_status(launches, len(found), "sweep result")
         if not found:
-            rows.append({**dict.fromkeys(sweep_columns(unit)), **ident, "status": status})
+            rows.append({**dict.fromkeys(SWEEP_COLUMNS), **ident, "status": status})
             footers.append({**dict.fromkeys(SWEEP_FOOTER_COLUMNS), **ident, "status": status})
             continue
-        body, feet = _rows_of(group, found, ident, unit)
+        body, feet = _rows_of(group, found, ident)
         for row in body + feet:
             row["status"] = status
         rows += body
         footers += feet
-        refused = {(u["collective"], u["dtype"]): u["error"] for t in found[0] for u in t.get("unsupported", [])}
-        unsupported += [{**ident, "collective": c, "dtype": d, "error": e} for (c, d), e in refused.items()]
+        refused = {u["collective"]: u["error"] for t in found[0] for u in t.get("unsupported", [])}
+        unsupported += [{**ident, "collective": c, "error": e} for c, e in refused.items()]
     return rows, footers, unsupported
 
 

@@ -177,14 +177,14 @@ def _meets(value: Optional[float], target: float, low: Optional[float] = None, h
 
 
 def sweep_lines(footers: list) -> list:
-    """One entry per backend x launcher x collective x dtype with a raw comparison: paraflow's call
+    """One entry per backend x launcher x collective with a raw comparison: paraflow's call
     within 1.1x of the raw library's from 1 MB up, and within 1.5x at the smallest size: yes when
     every interval lies at or below the target, no when one lies above, else within noise."""
     out = []
     for f in footers:
         if f.get("worst_vs_raw_large") is None and f.get("vs_raw_smallest") is None:
             continue
-        where = f"{f['collective']} {f['dtype']}, {f['backend']} · {f['launcher']}, {f['processes']} processes"
+        where = f"{f['collective']}, {f['backend']} · {f['launcher']}, {f['processes']} processes"
         large, small = f["worst_vs_raw_large"], f["vs_raw_smallest"]
         large_meets = _meets(large, RAW_TARGET_LARGE, f.get("worst_vs_raw_large_low"), f.get("worst_vs_raw_large_high"))
         small_meets = _meets(small, RAW_TARGET_SMALL, f.get("vs_raw_smallest_low"), f.get("vs_raw_smallest_high"))
