@@ -32,8 +32,8 @@ def test_model_commas_split_specs_but_not_their_options():
 def test_modes_are_subcommands():
     args = parse("compare", "A", "B")
     assert args.mode == "compare" and args.runs == ["A", "B"]
-    args = parse("project", "R", "--no-plots")
-    assert args.mode == "project" and args.run == "R" and args.plots is False
+    args = parse("project", "R")
+    assert args.mode == "project" and args.run == "R"
 
 
 def test_script_arguments_after_the_double_dash_stay_the_scripts():

@@ -275,37 +275,29 @@ def test_markdown_shows_the_same_values_and_the_plots(run):
             f"Avg bus bandwidth : raw {footer['avg_raw_busbw']:g} GB/s, paraflow {footer['avg_busbw']:g} GB/s" in text
         )
     assert "## Verdict" in text and all(v["text"].replace("|", "\\|") in text for v in results["verdict"])
-    for plot in ("throughput.png", "busbw.png", "projection.png"):
-        assert f"![{plot}]({plot})" in text
+    assert "![throughput.png](throughput.png)" in text
 
 
 @pytest.mark.timeout(480)
-def test_plots_are_real_pngs_with_error_bars_from_the_intervals(run):
+def test_the_plot_is_a_real_png_with_error_bars_from_the_intervals(run):
     import matplotlib.image
     from matplotlib.container import ErrorbarContainer
 
-    from paraflow.bench.report.plots import busbw_figure, require_pyplot, throughput_figure
+    from paraflow.bench.report.plots import require_pyplot, throughput_figure
 
-    for plot in ("throughput.png", "busbw.png", "projection.png"):
-        path = run["out"] / plot
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        height, width = matplotlib.image.imread(str(path)).shape[:2]
-        assert width >= 800 and height >= 400
+    path = run["out"] / "throughput.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width = matplotlib.image.imread(str(path)).shape[:2]
+    assert width >= 800 and height >= 400
     tables, header = run["results"]["tables"], run["results"]["header"]
-    for fig, rows, key in (
-        (
-            throughput_figure(tables["training"], header),
-            [r for r in tables["training"] if r["scaling"] == "weak"],  # the figure shows weak scaling
-            "samples_per_s",
-        ),
-        (busbw_figure(tables["sweep"], header, "GB/s"), tables["sweep"], "busbw"),
-    ):
-        bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
-        segments = [seg for c in bars for lines in c.lines[2] for seg in lines.get_segments()]
-        spans = sorted(round(float(abs(s[1][1] - s[0][1])), 6) for s in segments)  # each bar's low..high
-        want = sorted(round(r[f"{key}_high"] - r[f"{key}_low"], 6) for r in rows if r.get(f"{key}_low") is not None)
-        assert bars and all(any(abs(w - s) <= 1e-3 * max(1.0, w) for s in spans) for w in want), (spans, want)
-        require_pyplot().close(fig)
+    fig = throughput_figure(tables["training"], header)
+    rows = [r for r in tables["training"] if r["scaling"] == "weak"]  # the figure shows weak scaling
+    bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    segments = [seg for c in bars for lines in c.lines[2] for seg in lines.get_segments()]
+    spans = sorted(round(float(abs(s[1][1] - s[0][1])), 6) for s in segments)  # each bar's low..high
+    want = sorted(round(r["samples_per_s_high"] - r["samples_per_s_low"], 6) for r in rows)
+    assert bars and all(any(abs(w - s) <= 1e-3 * max(1.0, w) for s in spans) for w in want), (spans, want)
+    require_pyplot().close(fig)
 
 
 def pairs_step_ms(cells: list, task: str) -> float:
@@ -343,9 +335,7 @@ def test_step_breakdown_adds_up_and_single_shows_no_communication(run):
     breakdown = ddp["ranks"][1]["tasks"]["train/mlp:width=16"]["breakdown"]
     assert set(breakdown) == {"compute_s", "overlapped_comm_s", "exposed_comm_s", "optimizer_s", "step_s"}
     assert all(v >= 0 for v in breakdown["overlapped_comm_s"])  # gradient hooks fired under DDP
-    text = (run["out"] / "results.md").read_text()
-    assert "![breakdown.png](breakdown.png)" in text and "exposed comm ms" in text
-    assert (run["out"] / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
+    assert "exposed comm ms" in (run["out"] / "results.md").read_text()
 
 
 @pytest.mark.timeout(480)
@@ -376,4 +366,4 @@ def test_the_cost_model_fits_the_sweep_predicts_the_rows_and_projects(run, tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
     written = json.loads((tmp_path / "projection.json").read_text())
     assert written["projection"] == projected and written["costmodel_fit"] == tables["costmodel_fit"]
-    assert (tmp_path / "projection.png").read_bytes()[:4] == b"\x89PNG" and "Predicted against measured" in done.stdout
+    assert "Predicted against measured" in done.stdout

@@ -259,7 +259,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     output = p.add_argument_group("output")
     output.add_argument("--out", default="bench-results", help="results folder (default: bench-results)")
-    output.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
+    output.add_argument("--no-plots", dest="plots", action="store_false", help="skip throughput.png")
 
     for old, new in RENAMED.items():
         renamed(p, old, use=new)
@@ -280,7 +280,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "project", help="run nothing: fit the cost model to a results folder and project it to many hosts"
     )
     project.add_argument("run", metavar="RUN", help="a results folder (or its results.json)")
-    project.add_argument("--no-plots", dest="plots", action="store_false", help="skip projection.png")
     return p
 
 
@@ -336,7 +335,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if mode == "project":
         from ..report.project import project_main
 
-        return project_main(args.run, plots=args.plots)
+        return project_main(args.run)
     from .run import run_bench
 
     results = run_bench(config_from_args(args))

@@ -98,7 +98,7 @@ class BenchConfig:
         launchers: restrict to these launchers (None: each backend's own).
         timeout: seconds each launch may take before its whole process group is killed.
         out: results folder.
-        plots: write PNG plots (needs matplotlib).
+        plots: write throughput.png (needs matplotlib).
         allreduce: run the collective sweep.
         overhead: run the abstraction-overhead comparison.
         seed: model initialisation and data seed.

@@ -85,8 +85,7 @@ paraflow bench project
 
 Rebuilds every table from the folder's raw numbers (so an older run gets the model too), prints
 the fits, the predictions, the projection and the published comparison, and writes
-``projection.json``, ``costmodel.csv``, ``projection.csv``, ``published.csv`` and
-``projection.png`` into the folder.
+``projection.json``, ``costmodel.csv``, ``projection.csv`` and ``published.csv`` into the folder.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`paraflow bench project DIR`: the cost model of a finished run, printed and written beside it
-(projection.json, costmodel.csv, projection.csv, published.csv, projection.png)."""
+(projection.json, costmodel.csv, projection.csv, published.csv)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .tables import build_tables, render
 __all__ = ["project_main"]
 
 
-def project_main(path: str, out=None, plots: bool = True) -> int:
+def project_main(path: str, out=None) -> int:
     """Print and write the cost model of the run in `path`; 0 when it could fit and predict something."""
     out = out or sys.stdout
     results = load_results(path)
@@ -30,9 +30,5 @@ def project_main(path: str, out=None, plots: bool = True) -> int:
         sections.insert(1, ("Predicted against measured step time", render(tables["predictions"], PREDICTION_COLUMNS)))
     for title, text in sections:
         print(f"\n{title}\n{text}", file=out)
-    if plots and tables["projection"]:
-        from .plots import _save, projection_figure
-
-        _save(projection_figure(tables, results["header"]), folder / "projection.png")
     print(f"\nwrote projection.json, costmodel.csv, projection.csv, published.csv to {folder}/", file=out)
     return 0 if any(d.get("status", "ok") == "ok" for d in tables["predictions"]) else 1
