@@ -23,7 +23,7 @@ pytestmark = pytest.mark.xdist_group("bench-compile")
 BACKENDS = ("ddp-gloo", "fsdp", "horovod")
 COMMAND = (
     "paraflow bench --backend ddp-gloo,fsdp,horovod --nprocs 2 --model mlp:width=16 --compile no,yes "
-    "--no-allreduce --no-overhead --no-aa-check --repeat 2 --max-repeat 2 --window-steps 3 --warmup 2 "
+    "--no-allreduce --no-aa-check --repeat 2 --max-repeat 2 --window-steps 3 --warmup 2 "
     "--max-warmup 0.1"
 )
 

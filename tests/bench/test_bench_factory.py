@@ -91,15 +91,6 @@ def test_strong_scaling_takes_this_ranks_share_of_the_batch():
         take(x, y, 0, 3)
 
 
-def test_config_turns_the_overhead_off_without_a_builtin_model():
-    config = BenchConfig(models=["bench_factories:pair"], plots=False)
-    assert config.overhead is False and config.overhead_model is None
-    config = BenchConfig(models=["bench_factories:pair", "mlp"], plots=False)
-    assert config.overhead and str(config.overhead_model) == "mlp"
-    with pytest.raises(ConfigurationError, match="--overhead-model .* built-in"):
-        BenchConfig(models=["mlp"], overhead_model="bench_factories:pair")
-
-
 def test_a_gpt2_from_a_config_trains_a_step():
     pytest.importorskip("transformers", reason="the GPT-2 example needs transformers (pip install transformers)")
     built = build_factory(spec("bench_factories:gpt2:layers=2"), None, 10, batch_size=2)

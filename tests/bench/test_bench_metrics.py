@@ -34,11 +34,9 @@ def test_throughput_and_scaling():
         metrics.throughput(10, 0.0)
 
 
-def test_overheads():
+def test_communication_overhead():
     assert metrics.communication_overhead(t_no_sync=3.0, t_sync=4.0) == pytest.approx(0.25)
     assert metrics.communication_overhead(4.0, 4.0) == 0.0
-    assert metrics.abstraction_overhead(t_paraflow=10.1, t_raw=10.0) == pytest.approx(0.01)
-    assert metrics.abstraction_overhead(9.9, 10.0) == pytest.approx(-0.01)
 
 
 def test_bandwidths_follow_nccl_tests():
@@ -100,7 +98,7 @@ def test_model_specs():
 
 
 def test_config_refuses_bad_values_with_the_fix():
-    assert BenchConfig().nprocs == [1, 2] and BenchConfig().overhead_model == ModelSpec("mlp", (("width", 1024),))
+    assert BenchConfig().nprocs == [1, 2] and BenchConfig().models[0] == ModelSpec("mlp", (("width", 1024),))
     with pytest.raises(ConfigurationError, match="--nprocs 1,2"):
         BenchConfig(nprocs=[0])
     with pytest.raises(ConfigurationError, match="unknown data"):

@@ -1,6 +1,5 @@
 """What each launch is given: worker arguments, environment, and the command line that is recorded."""
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,11 +66,6 @@ def test_worker_arguments_per_kind():
     assert train[train.index("--collectives") + 1] == "allreduce"
     assert train[train.index("--scaling") + 1] == "weak"
     assert train[train.index("--min-window") + 1] == "0.5" and train[train.index("--steps") + 1] == "3"
-    assert "--overhead" not in train
-    overhead = worker_args(Cell("train", "horovod", "mpirun", 2, 1, MLP, overhead=MLP[0]), config, Path("/o"))
-    assert overhead[overhead.index("--overhead") + 1] == "mlp:width=16" and "--model" in overhead
-    assert overhead[overhead.index("--overhead-pairs") + 1] == str(config.overhead_steps)
-    assert overhead[overhead.index("--overhead-seconds") + 1] == f"{config.overhead_seconds:g}"
 
 
 def test_missing_tabulate_or_matplotlib_says_how_to_install(monkeypatch):
@@ -111,25 +105,3 @@ def test_local_update_skips_horovod_style_synchronisation_only():
         assert Synchronising.skipped
     with local_update(torch.optim.SGD([param], lr=0.1)) as entered:
         assert entered is None
-
-
-def test_overhead_pairs_get_what_the_time_budget_leaves():
-    from paraflow.bench.driver.runner import SETUP_S, CellResult, overhead_seconds
-
-    def launched(cell, seconds):
-        return CellResult(cell, [], "ok", None, seconds)
-
-    config = BenchConfig(time_budget=100.0, overhead_seconds=8.0)
-    a = Cell("train", "ddp-gloo", "torchrun", 2, 1, MLP, repeat=2)
-    b = Cell("train", "horovod", "mpirun", 2, 1, MLP, repeat=2)
-    done = [launched(c, s) for c, s in ((a, 10.0), (a, 14.0), (b, 6.0))]
-    left = [replace(a, repeat=3, overhead=MLP[0]), replace(b, repeat=3, overhead=MLP[0])]
-    # early: the launches left (12 s and 6 s, their means so far) and two setups leave plenty
-    assert overhead_seconds(config, 20.0, left, done) == 8.0
-    # late: 100 - 64 - 18 - 2 setups, shared by the two measures
-    assert overhead_seconds(config, 64.0, left, done) == pytest.approx((100 - 64 - 18 - 2 * SETUP_S) / 2)
-    # a launch that carried an overhead does not project the others; past the budget: nothing (the worker's floor)
-    carried = done + [launched(left[0], 500.0)]
-    roomy = replace(config, overhead_seconds=50.0)
-    assert overhead_seconds(roomy, 60.0, left[1:], carried) == pytest.approx(100 - 60 - 6 - SETUP_S)
-    assert overhead_seconds(config, 95.0, left, done) == 0.0

@@ -81,7 +81,7 @@ def test_two_factories_under_three_backends_fit_on_one_screen(tmp_path, no_lefto
     cmd = [sys.executable, "-m", "paraflow.cli", "bench", "--model", MODELS[0], "--model", MODELS[1]]
     cmd += ["--input-shape", "3,8,8", "--classes", "5", "--backend", "single,ddp-gloo,horovod", "--nprocs", "2"]
     cmd += ["--repeat", "2", "--max-repeat", "2", "--window-steps", "2", "--warmup", "1", "--max-warmup", "0.05"]
-    cmd += ["--min-window", "0", "--min-bytes", "4K", "--max-bytes", "16K", "--no-overhead", "--no-plots"]
+    cmd += ["--min-window", "0", "--min-bytes", "4K", "--max-bytes", "16K", "--no-plots"]
     cmd += ["--launch-timeout", "120", "--out", str(out)]
     # run from the factories' folder: --model imports from the current directory
     result = run_launch(cmd, timeout=560, env={**no_leftovers, "PARAFLOW_BACKEND": None}, cwd=str(FACTORIES))

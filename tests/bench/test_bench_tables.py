@@ -8,9 +8,7 @@ import pytest
 from paraflow.bench.driver.config import BenchConfig
 from paraflow.bench.driver.matrix import Cell, build_matrix
 from paraflow.bench.driver.runner import failure_reason, run_extra_launches, wide_groups
-from paraflow.bench.model_spec import ModelSpec
 from paraflow.bench.report.tables import (
-    OVERHEAD_COLUMNS,
     SWEEP_COLUMNS,
     TRAINING_COLUMNS,
     build_tables,
@@ -182,46 +180,6 @@ def test_sweep_rows_set_paraflow_beside_raw():
     assert tables["sweep_unsupported"][0]["collective"] == "allgather"
 
 
-def overhead_cell(n, pf, raw, control):
-    tasks = []
-    for r in range(n):
-        task = {
-            "rank": r,
-            "world_size": n,
-            "device": "cpu",
-            "library": "torch DistributedDataParallel",
-            "model": "mlp",
-            "pairs": len(pf),
-            "warmup": 10,
-            "paraflow_step_s": pf,
-            "raw_step_s": raw,
-            "control_step_s": control,
-        }
-        tasks.append(rank(r, n, {"overhead": task}))
-    return {**cell("train", "ddp-gloo", "torchrun", n, tasks, repeat=3), "overhead": "mlp"}
-
-
-def test_overhead_row_pairs_rounds_and_checks_the_control():
-    raw = [0.010] * 40
-    pf = [0.01009] * 20 + [0.0099] * 20  # paired ratios: +0.9% twenty times, -1% twenty times
-    (row,) = build_tables([overhead_cell(1, pf, raw, raw)])["overhead"]
-    assert set(row) >= set(OVERHEAD_COLUMNS)
-    assert row["paraflow_step_ms_median"] == 9.995 and row["raw_step_ms_median"] == 10.0
-    # 20 blocks of 2 rounds: ten at +0.9%, ten at -1% -> order statistics 6 and 15 of 20: -1% and +0.9%
-    assert (row["paired_overhead_low"], row["paired_overhead_high"]) == (-0.01, 0.009)
-    assert row["control_overhead"] == 0.0 == row["control_overhead_low"] == row["control_overhead_high"]
-    assert row["aa_floor"] == 0.0
-    assert row["within_target"] == "yes"  # the interval lies below 1%
-    slow = [0.0105] * 40  # +5% every round
-    assert build_tables([overhead_cell(2, slow, raw, raw)])["overhead"][0]["within_target"] == "no"
-    # the control 2% off raw: +5% is still above 1% + 2%, +2% is not, and nothing else decides
-    control = [0.0102] * 40
-    (row,) = build_tables([overhead_cell(2, slow, raw, control)])["overhead"]
-    assert row["aa_floor"] == 0.02 and row["within_target"] == "no"
-    (row,) = build_tables([overhead_cell(2, control, raw, control)])["overhead"]
-    assert row["within_target"].startswith("unresolved: the paired interval +2.0%..+2.0% widened by the A/A floor 2.0%")
-
-
 def test_noise_floor_is_the_spread_of_the_a_a_pair():
     aa = [single(1, [0.010, 0.010, 0.010], 0.03, tag="aa"), single(2, [0.011, 0.011, 0.011], 0.033, tag="aa")]
     floor = build_tables(aa + CELLS)["noise_floor"]
@@ -245,7 +203,7 @@ def test_rendered_tables_carry_every_header_and_interval():
     assert "30 ±" in text and "40.0% [" in text and "—" in text and "1,000" in text
     md = render(tables["training"], TRAINING_COLUMNS, "github")
     assert md.splitlines()[1].startswith("|-") and md.count("\n") == len(tables["training"]) + 1
-    assert format_value("abstraction_overhead", 0.0123) == "+1.23%" and format_value("within_target", True) == "yes"
+    assert format_value("prediction_error", 0.0123) == "+1.23%" and format_value("agree", True) == "yes"
     assert "a\\|b" in render([{"status": "a|b"}], {"status": "status"}, "github")
     keys = csv_columns(TRAINING_COLUMNS, tables["training"])
     assert keys[keys.index("step_ms_median") + 1 : keys.index("step_ms_median") + 3] == [
@@ -276,12 +234,6 @@ def test_matrix_on_a_two_core_host_without_gpu():
         *[f"{t}-r2" for t in train],
     ]
     by_id = {c.id: c for c in m.cells}
-    # the abstraction overhead rides in the last planned launch, under each backend's first launcher
-    overhead = {c.id for c in m.cells if c.overhead is not None}
-    assert overhead == {
-        f"{g}-r2" for g in ("ddp-gloo-torchrun-1", "ddp-gloo-torchrun-2", "horovod-mpirun-1", "horovod-mpirun-2")
-    }
-    assert {c.overhead for c in m.cells if c.overhead is not None} == {BenchConfig().models[0]}
     # one thread per process at every count on 2 cores: the baseline computes as each rank of 2 does
     assert {c.threads for c in m.cells} == {1}
     assert by_id["single-python-1-aa-r1"].models == (BenchConfig().models[0],)
@@ -300,20 +252,20 @@ def test_matrix_on_a_two_core_host_without_gpu():
 def test_matrix_on_a_gpu_host_adds_dp_and_ddp_nccl_up_to_the_gpu_count():
     available = {**AVAILABLE, "ddp-nccl": None}
     m = build_matrix(
-        BenchConfig(nprocs=[1, 2, 4], allreduce=False, overhead=False, repeat=1, aa_check=False),
+        BenchConfig(nprocs=[1, 2, 4], allreduce=False, repeat=1, aa_check=False),
         available=available,
         cuda_devices=2,
         total_cores=16,
     )
     ids = [c.id for c in m.cells]
     assert "dp-python-1-r1" in ids and "ddp-nccl-torchrun-2-r1" in ids and "ddp-nccl-torchrun-4-r1" not in ids
-    assert not any(c.overhead or "-aa-" in c.id for c in m.cells)
+    assert not any(c.sweep or "-aa-" in c.id for c in m.cells)
     assert {c.threads for c in m.cells} == {4}  # 16 cores over the largest count, at every count
 
 
 def test_matrix_keeps_the_single_baseline_and_refuses_unknown_names():
     base = dict(available=AVAILABLE, cuda_devices=0, total_cores=2)
-    m = build_matrix(BenchConfig(backends=["ddp-gloo"], nprocs=[2], overhead=False, repeat=1, aa_check=False), **base)
+    m = build_matrix(BenchConfig(backends=["ddp-gloo"], nprocs=[2], repeat=1, aa_check=False), **base)
     assert [c.id for c in m.cells] == ["single-python-1-r1", "ddp-gloo-torchrun-2-r1"]
     m = build_matrix(
         BenchConfig(backends=["horovod"], launchers=["horovodrun"], nprocs=[2], repeat=1, aa_check=False), **base
@@ -402,8 +354,7 @@ def _planned(repeat):
     cells = []
     for r in range(1, repeat + 1):
         cells += [Cell("train", "single", "python", 1, 1, ("mlp",), repeat=r)]
-        overhead = ModelSpec.parse("mlp") if r == repeat else None  # the last planned launch carries it
-        cells += [Cell("train", "ddp-gloo", "torchrun", 2, 1, ("mlp",), sweep=True, repeat=r, overhead=overhead)]
+        cells += [Cell("train", "ddp-gloo", "torchrun", 2, 1, ("mlp",), sweep=True, repeat=r)]
     return cells
 
 
@@ -423,10 +374,10 @@ def test_only_cells_whose_interval_stays_wide_get_more_launches_within_the_budge
 
     config = BenchConfig(repeat=3, max_repeat=5, time_budget=60.0)
     extra = run_extra_launches(_planned(3), done, config, time.monotonic(), launch)
-    # still wide after the fourth launch, so a fifth; never past --max-repeat; never the sweep or the overhead
-    assert [(c.group, c.repeat, c.sweep, c.overhead) for c in launched] == [
-        ("ddp-gloo-torchrun-2", 4, False, None),
-        ("ddp-gloo-torchrun-2", 5, False, None),
+    # still wide after the fourth launch, so a fifth; never past --max-repeat; never the sweep
+    assert [(c.group, c.repeat, c.sweep) for c in launched] == [
+        ("ddp-gloo-torchrun-2", 4, False),
+        ("ddp-gloo-torchrun-2", 5, False),
     ]
     assert len(extra) == 2
     launched.clear()  # a run that has spent its time budget launches nothing more

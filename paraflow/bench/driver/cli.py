@@ -185,8 +185,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--time-budget",
         type=float,
         default=270.0,
-        help="seconds of the run after which no extra launch starts; the abstraction overhead's pairs shrink "
-        "(to 60 at least) when the planned launches would run past it (default: %(default)s)",
+        help="seconds of the run after which no extra launch starts (default: %(default)s)",
     )
     timing.add_argument(
         "--launch-timeout", dest="timeout", type=float, default=150.0, help="seconds per launch (default: 150)"
@@ -234,28 +233,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     sweep.add_argument("--min-bytes", default="4K", help="smallest sweep message (default: 4K)")
     sweep.add_argument("--max-bytes", default="64M", help="largest sweep message (default: 64M)")
-
-    overhead = p.add_argument_group("abstraction overhead (paraflow against the raw library)")
-    overhead.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the abstraction overhead")
-    overhead.add_argument(
-        "--overhead-steps",
-        type=int,
-        default=150,
-        help="paraflow/raw/control step pairs for the abstraction overhead (default: 150)",
-    )
-    overhead.add_argument(
-        "--overhead-seconds",
-        type=float,
-        default=8.0,
-        help="fewer overhead pairs when they would take longer than this, or than --time-budget leaves them, "
-        "at least 60 (default: 8)",
-    )
-    overhead.add_argument(
-        "--overhead-model",
-        default=None,
-        metavar="SPEC",
-        help="built-in model for the abstraction overhead (default: the first built-in --model)",
-    )
 
     output = p.add_argument_group("output")
     output.add_argument("--out", default="bench-results", help="results folder (default: bench-results)")

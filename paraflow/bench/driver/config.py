@@ -79,8 +79,7 @@ class BenchConfig:
         max_repeat: launches a cell may get in all when its interval stays wider than `noisy`
             after `repeat` (runner.run_extra_launches; None: `repeat`, no extra launch).
         time_budget: extra launches start only while the run has taken less than this many
-            seconds, counting the launch about to start; the abstraction overhead's pairs shrink
-            when the planned launches would run past it (runner.overhead_seconds).
+            seconds, counting the launch about to start.
         threads: torch threads per process, the same at every process count, so that a rank of N
             processes computes as the one-process baseline does and weak-scaling efficiency
             measures parallel cost only (None: the cores divided by the largest process count).
@@ -91,20 +90,14 @@ class BenchConfig:
         scaling: "weak" (fixed batch per process), "strong" (fixed global batch) or both.
         sizes: collective sweep message sizes in bytes.
         collectives: collectives the sweep measures.
-        overhead_steps: paraflow/raw/control step pairs for the abstraction overhead.
-        overhead_seconds: fewer pairs when they would take longer than about this, or than the
-            time budget leaves them (at least 60).
-        overhead_model: model for the abstraction overhead (default: the first of models).
         launchers: restrict to these launchers (None: each backend's own).
         timeout: seconds each launch may take before its whole process group is killed.
         out: results folder.
         plots: write throughput.png (needs matplotlib).
         allreduce: run the collective sweep.
-        overhead: run the abstraction-overhead comparison.
         seed: model initialisation and data seed.
         cluster: run on an emulated cluster of this many hosts, one rank per host (0: no cluster);
-            multi-process cells then have exactly that many processes, and the abstraction
-            overhead (a one-host question) is not measured.
+            multi-process cells then have exactly that many processes.
         bandwidth: each host link's rate on the emulated cluster, in tc notation (1gbit).
         compile: "no", "yes" or both: each training cell eager, compiled (``wrap_model(model,
             compile=True)``), or both side by side.
@@ -134,15 +127,11 @@ class BenchConfig:
     scaling: list = field(default_factory=lambda: ["weak"])
     sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024**2))
     collectives: list = field(default_factory=lambda: ["allreduce"])
-    overhead_steps: int = 150
-    overhead_seconds: float = 8.0
-    overhead_model: Optional[ModelSpec] = None
     launchers: Optional[list] = None
     timeout: float = 150.0
     out: str = "bench-results"
     plots: bool = True
     allreduce: bool = True
-    overhead: bool = True
     seed: int = 0
     cluster: int = 0
     bandwidth: Optional[str] = None
@@ -158,7 +147,6 @@ class BenchConfig:
             ("batch_size", self.batch_size, 1),
             ("steps", self.steps, 1),
             ("warmup", self.warmup, 0),
-            ("overhead_steps", self.overhead_steps, 1),
             ("repeat", self.repeat, 1),
             ("max_repeat", self.max_repeat, int(self.repeat)),
             ("time_budget", self.time_budget, 1),
@@ -194,7 +182,7 @@ class BenchConfig:
         if self.cluster:
             if int(self.cluster) < 2:
                 raise ConfigurationError(f"--nodes {self.cluster}: an emulated cluster needs 2 or more hosts.")
-            self.nprocs, self.overhead = [int(self.cluster)], False
+            self.nprocs = [int(self.cluster)]
         if "strong" in self.scaling:
             uneven = [n for n in self.nprocs if int(n) > 0 and self.batch_size % int(n)]
             if uneven:
@@ -212,18 +200,6 @@ class BenchConfig:
             raise ConfigurationError("--horovod-api runs a script written for Horovod: add --script PATH.")
         if self.script:
             self._script_mode()
-        builtin = [m for m in self.models if m.kind == "builtin"]
-        if self.overhead_model is None:
-            # the abstraction overhead compares against hand-written loops of the built-in models
-            self.overhead_model = builtin[0] if builtin else None
-            self.overhead = self.overhead and bool(builtin)
-        elif not isinstance(self.overhead_model, ModelSpec):
-            self.overhead_model = ModelSpec.parse(self.overhead_model)
-        if self.overhead_model is not None and self.overhead_model.kind != "builtin":
-            raise ConfigurationError(
-                f"--overhead-model {self.overhead_model}: the abstraction overhead runs a built-in model "
-                "(mlp, cnn, transformer); your own models are timed by --model."
-            )
 
     def _script_mode(self) -> None:
         """--script: the script is the one thing trained; what needs the built-in loop is left out."""
@@ -237,11 +213,10 @@ class BenchConfig:
                 "built-in loop (drop them, or benchmark a --model instead; a script compiles its model itself)."
             )
         self.models = [ModelSpec(str(self.script), (), "script")]
-        self.allreduce = self.overhead = False
+        self.allreduce = False
 
     def to_dict(self) -> dict:
         """JSON-ready copy, models written as specs."""
         d = dict(vars(self))
         d["models"] = [str(m) for m in self.models]
-        d["overhead_model"] = None if self.overhead_model is None else str(self.overhead_model)
         return d

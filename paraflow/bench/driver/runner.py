@@ -8,12 +8,6 @@ between launches (about 0.04 s each), so a run records how fast the machine itse
 way, and `paraflow bench compare` can say how much of a difference between two runs the machine
 explains.
 
-The abstraction overhead rides in the last planned launch of its cells (matrix.py), so when it
-starts the run knows how long every launch still to come took in the earlier rounds. Its pairs
-get ``--overhead-seconds`` each, or, when the machine runs slow, an even share of what
-``--time-budget`` leaves once those launches and each overhead's setup are counted; never less
-than the worker's floor of MIN_PAIRS pairs (rank/overhead.py).
-
 More launches for the cells whose intervals are still wide, while the run's time budget lasts.
 
 After the planned rounds, a training cell whose step-time or throughput interval is wider than
@@ -57,7 +51,6 @@ __all__ = [
     "cell_env",
     "failure_reason",
     "command_line",
-    "overhead_seconds",
     "probe_ms",
     "probe_summary",
     "wide_groups",
@@ -104,7 +97,6 @@ class CellResult:
             "threads": c.threads,
             "models": [str(m) for m in c.models],
             "sweep": c.sweep,
-            "overhead": None if c.overhead is None else str(c.overhead),
             "compiled": c.compiled,
             "command": command_line(self.command, self.env),
             "status": self.status,
@@ -157,9 +149,6 @@ def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
     if cell.sweep:
         args += ["--sweep-sizes", ",".join(map(str, config.sizes))]
         args += ["--collectives", ",".join(config.collectives)]
-    if cell.overhead is not None:
-        args += ["--overhead", str(cell.overhead), "--overhead-pairs", str(config.overhead_steps)]
-        args += ["--overhead-seconds", f"{config.overhead_seconds:g}"]
     return args
 
 
@@ -336,38 +325,14 @@ def run_cells(
     """Run `cells` one after another, showing progress on `tracker`; a failed or hung cell does
     not stop the rest. Each line starts with `heading` instead of the launch's place when given."""
     results = []
-    for i, cell in enumerate(cells, 1):
-        elapsed = time.monotonic() - tracker.started
+    for cell in cells:
         tracker.begin(cell.label, heading)
-        launch_config = config
-        if cell.overhead is not None:
-            seconds = overhead_seconds(config, elapsed, cells[i - 1 :], results)
-            launch_config = replace(config, overhead_seconds=round(seconds, 1))
-        result = run_cell(cell, launch_config, raw_dir, config.timeout, entry, cluster)
+        result = run_cell(cell, config, raw_dir, config.timeout, entry, cluster)
         result.probe_ms = round(probe_ms(), 3)
         results.append(result)
         outcome = "ok" if result.ok else f"{result.status.upper()}: {result.error}"
         tracker.end(result.ok, outcome, result.elapsed_s)
     return results
-
-
-#: An overhead measurement's seconds besides its pairs, about: building its nine models, the
-#: warm-up rounds and the profiled steps (0.8-4.1 s here, 1.8 s on average over the six).
-SETUP_S = 2.0
-
-
-def overhead_seconds(config: BenchConfig, elapsed: float, left: list, done: list) -> float:
-    """Seconds of pairs for the overhead of ``left[0]``.
-
-    `elapsed`: seconds of the run so far; `left`: the cells still to launch, that one first;
-    `done`: the launches so far (runner.CellResult), whose mean time per group projects the
-    launches left (those that carried an overhead are not counted).
-    """
-    records = [result.to_dict() for result in done]
-    projected = sum(launch_cost(records, c.group) for c in left)
-    measures = max(1, sum(c.overhead is not None for c in left))
-    spare = config.time_budget - elapsed - projected - measures * SETUP_S
-    return max(0.0, min(config.overhead_seconds, spare / measures))
 
 
 SIZE = 256  # the kernel: LOOPS products of two SIZE x SIZE float32 matrices, one thread
@@ -428,12 +393,8 @@ def wide_groups(cells: list, noisy: float, scaling: tuple) -> list:
 
 
 def launch_cost(cells: list, group: str) -> float:
-    """Mean seconds of the launches of `group` so far (not the one that also measured the abstraction overhead)."""
-    spent = [
-        c["elapsed_s"]
-        for c in cells
-        if c.get("group") == group and c["kind"] == "train" and not c.get("tag") and not c.get("overhead")
-    ]
+    """Mean seconds of the launches of `group` so far."""
+    spent = [c["elapsed_s"] for c in cells if c.get("group") == group and c["kind"] == "train" and not c.get("tag")]
     return statistics.fmean(spent) if spent else 0.0
 
 
@@ -450,7 +411,7 @@ def run_extra_launches(
         launched = len(extra)
         for group in wide_groups(done, config.noisy, config.scaling):
             if group in cells and time.monotonic() - started + launch_cost(done, group) <= config.time_budget:
-                extra += launch(replace(cells[group], repeat=repeat, sweep=False, overhead=None))
+                extra += launch(replace(cells[group], repeat=repeat, sweep=False))
         if len(extra) == launched:  # nothing wide, or nothing that fits the time left
             break
     return extra

@@ -2,7 +2,7 @@
 
     <launcher> python -m paraflow.bench.rank.worker --out DIR --backend NAME --model mlp --model cnn \
         [--sweep-sizes 4096,65536 --collectives allreduce,allgather] [--scaling weak,strong] \
-        [--overhead mlp --overhead-pairs 150 --overhead-seconds 8] ...
+        ...
 
 The file is rewritten after every task, so a launch that dies part-way keeps what it finished.
 """
@@ -52,9 +52,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--collectives", default="allreduce", help="comma-separated collectives for the sweep")
     p.add_argument("--scaling", default="weak", help="weak, strong or weak,strong")
     p.add_argument("--max-warmup", type=float, default=2.0, help="seconds of warm-up steps, at most")
-    p.add_argument("--overhead", help="model spec for paraflow-vs-raw abstraction overhead, after training")
-    p.add_argument("--overhead-pairs", type=int, default=150, help="overhead: paraflow/raw/control step pairs")
-    p.add_argument("--overhead-seconds", type=float, default=20.0, help="overhead: seconds of pairs, about, at most")
     p.add_argument("--data", default="synthetic")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--input-shape", type=_sizes, default=None, help="one sample's shape for a factory's bare module")
@@ -115,20 +112,6 @@ def main(argv=None) -> int:
             raw = raw_loop(args.backend)
             sweep = run_sweep(backend, raw, args.sweep_sizes, args.collectives.split(","))
             rank_file.add("sweep", sweep)
-        if args.overhead:
-            from .overhead import run_overhead
-
-            overhead = run_overhead(
-                backend,
-                ModelSpec.parse(args.overhead),
-                args.data,
-                args.batch_size,
-                args.warmup,
-                args.overhead_pairs,
-                args.seed,
-                args.overhead_seconds,
-            )
-            rank_file.add("overhead", overhead)
     return 0
 
 

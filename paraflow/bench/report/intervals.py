@@ -16,10 +16,6 @@ the Welch-Satterthwaite degrees of freedom. Drawing each estimate's own t and di
 would add two heavy tails: for two 3-launch figures its 95% points lie 6.5 standard errors out
 where Welch's lie 3.9 (a 99.6% interval called 95%).
 
-Over paired steps (the abstraction overhead) the interval is distribution-free: exact binomial
-order statistics of the median, taken over the medians of consecutive blocks of pairs, so that
-bursts of load that make neighbouring pairs alike do not narrow it.
-
 Every draw comes from a generator seeded by what is estimated, so rebuilding the tables from
 results.json gives the same intervals.
 
@@ -51,7 +47,6 @@ __all__ = [
     "across_launches",
     "estimate",
     "ratio",
-    "binomial_interval",
     "relative_halfwidth",
     "two_sided_p",
     "t_quantile",
@@ -219,22 +214,6 @@ def percentile_interval(replicates: torch.Tensor, confidence: float = CONFIDENCE
     q = torch.tensor([tail, 1 - tail], dtype=torch.float64)
     low, high = torch.quantile(finite, q).tolist()
     return low, high
-
-
-def binomial_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
-    """Distribution-free interval for the median: (low, high, coverage).
-
-    The k-th smallest and k-th largest values cover the median with probability
-    1 - 2 P(Binomial(n, 1/2) < k); k is the largest that keeps that at or above `confidence`.
-    With too few values (n <= 5 for 95%) no k does: (min, max) and its lower coverage.
-    """
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        raise ValueError("interval of no values")
-    covers = 1 - 2 * stats.binom.cdf(range(max(1, n // 2)), n, 0.5)  # of k = 1, 2, ...: 1 - 2 P(B <= k - 1)
-    k = max(1, int((covers >= confidence).sum()))  # covers fall as k grows
-    return ordered[k - 1], ordered[n - k], float(covers[k - 1])
 
 
 def two_sided_p(t: float, df: float) -> float:

@@ -9,8 +9,6 @@ from pathlib import Path
 from .costmodel import FIT_COLUMNS, MODEL_NOTE, PROJECTION_COLUMNS, PUBLISHED_COLUMNS
 from .header import header_lines
 from .tables import (
-    OVERHEAD_COLUMNS,
-    OVERHEAD_TARGET,
     SWEEP_COLUMNS,
     SWEEP_FOOTER_COLUMNS,
     TRAINING_COLUMNS,
@@ -33,7 +31,6 @@ CSV_TABLES = {
     "training.csv": ("training", TRAINING_COLUMNS),
     "sweep.csv": ("sweep", SWEEP_COLUMNS),
     "sweep_summary.csv": ("sweep_footer", SWEEP_FOOTER_COLUMNS),
-    "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
     "costmodel.csv": ("costmodel_fit", FIT_COLUMNS),
     "projection.csv": ("projection", PROJECTION_COLUMNS),
     "published.csv": ("published", PUBLISHED_COLUMNS),
@@ -83,12 +80,6 @@ DEFINITIONS = [
     "reduce_scatter; size = the whole gathered or scattered buffer), 1 (broadcast); paraflow/raw = median "
     "over rounds of a round's paraflow time over its raw time, then over launches; #wrong = elements "
     "differing from the exact expected result.",
-    "abstraction overhead: one step through paraflow, one on the same loop set up by hand on the raw library and "
-    "one on a second hand-written copy (the A/A control), each side with 3 models built and stepped in shuffled "
-    "order; paired = median over pairs (model j of each side in one round) of paraflow / raw - 1, control = "
-    "control / raw - 1, 95% intervals from order statistics over 20 blocks of pairs; A/A floor = the control "
-    f"interval's end farthest from 0; within {OVERHEAD_TARGET:.0%}: yes when the paired interval widened by the "
-    "A/A floor on both sides lies at or below the target, no when it lies above, unresolved otherwise.",
     "cost model: per backend, launcher and process count, allreduce time T = a(n)·α + b(n)·S/B fitted to the "
     "raw library's sweep times (weighted least squares on relative error; ring for gloo, Open MPI's "
     "Rabenseifner for horovod under mpirun); predicted step = compute (compute_ms, else the median no-sync "
@@ -156,13 +147,6 @@ def _sections(results: dict, fmt: str) -> list:
                 _md_escape(u["error"]),
             )
         )
-    if tables["overhead"]:
-        sections.append(
-            (
-                "Abstraction overhead: paraflow against the same loop on the raw library",
-                render(tables["overhead"], OVERHEAD_COLUMNS, fmt),
-            )
-        )
     return sections + model_sections(tables, fmt)
 
 
@@ -192,7 +176,7 @@ def markdown_report(results: dict, plots: list) -> str:
     if _failures(results):
         lines += ["## Failed cells", "", *[f"- {_md_escape(f)}" for f in _failures(results)], ""]
     lines += ["## Commands", "", "```", *header["commands"], "```", ""]
-    verdicts = [entry["text"] for entry in results["tables"].get("verdict", [])]  # training, overhead, collectives
+    verdicts = [entry["text"] for entry in results["tables"].get("verdict", [])]  # training, collectives
     if verdicts:
         lines += ["## Verdict", "", *[f"- {_md_escape(v)}" for v in verdicts], ""]
     return "\n".join(lines)

@@ -40,25 +40,6 @@ operation; across launches the row shows the median with a 95% interval across l
 factor for the collective), and paraflow / raw pairs each round's paraflow operation with the raw
 one beside it (median over rounds, then over launches), so both sides of a ratio come from the
 same moments of the same processes.
-
-Abstraction overhead
---------------------
-
-Per pair (instance j of the paraflow, raw and control sides, one step each in the same round;
-the slowest rank's time each): paired overhead = paraflow / raw - 1, control = control / raw - 1,
-where the control is a second hand-written loop, so its overhead is zero by construction and
-shows what the method calls a difference when there is none. Intervals: exact order statistics
-over the medians of BLOCKS consecutive blocks of pairs (intervals.binomial_interval).
-
-The control is the method's noise floor: two identical loops built side by side can differ by a
-few percent in one launch (where each model's memory landed, which blocks of rounds the machine
-slowed), more than the paired interval, which sees only the pairs' scatter, covers. Each side
-averages several models built in a shuffled order (rank/overhead.py), which shrinks that but does
-not remove it, so the paired interval is judged widened on both sides by the control's farthest
-interval end from zero (`aa_floor`), as the training verdict judges against the A/A noise floor.
-
-Within 1%: "yes" when the widened interval lies at or below it, "no" when it lies above it,
-"unresolved" otherwise.
 """
 
 from __future__ import annotations
@@ -75,10 +56,6 @@ from .costmodel import model_tables
 from .launches import TASK_PREFIX, device_name, group_status, groups, rounded, task_of
 from .verdict import (
     DEFAULT_MARGIN,
-    OVERHEAD_TARGET,
-    aa_floor,
-    overhead_lines,
-    overhead_verdict,
     sweep_lines,
     training_verdict,
 )
@@ -86,13 +63,10 @@ from .verdict import (
 __all__ = [
     "TRAINING_COLUMNS",
     "SWEEP_FOOTER_COLUMNS",
-    "OVERHEAD_COLUMNS",
-    "OVERHEAD_TARGET",
     "SWEEP_COLUMNS",
     "build_tables",
     "training_rows",
     "sweep_rows",
-    "overhead_rows",
     "noise_floor",
     "render",
     "require_tabulate",
@@ -109,10 +83,6 @@ __all__ = [
 PERCENT_KEYS = {
     "scaling_efficiency",
     "comm_overhead",
-    "abstraction_overhead",
-    "paired_overhead",
-    "control_overhead",
-    "aa_floor",
     "prediction_error",
     "efficiency",
     "efficiency_no_overlap",
@@ -121,7 +91,7 @@ PERCENT_KEYS = {
     "rms_residual",
     "max_residual",
 }
-SIGNED_PERCENT_KEYS = {"abstraction_overhead", "paired_overhead", "control_overhead", "prediction_error"}
+SIGNED_PERCENT_KEYS = {"prediction_error"}
 #: Which figures a row's "noisy" names mark.
 NOISY_KEYS = {
     "step": ("step_ms_median",),
@@ -163,7 +133,7 @@ def noise_floor(cells: list) -> Optional[dict]:
 def build_tables(cells: list, header: Optional[dict] = None, config: Optional[dict] = None) -> dict:
     """Every table from the cell records, and the verdict.
 
-    Tables: training, sweep (+ sweep_footer, sweep_unsupported), overhead; noise_floor
+    Tables: training, sweep (+ sweep_footer, sweep_unsupported); noise_floor
     (the A/A check); verdict (list of {claim, text}); the cost model's costmodel_fit, predictions,
     projection and published (costmodel.py). `config` (results.json's) gives the noisy
     bound, the verdict's margin and the scaling modes.
@@ -179,17 +149,15 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
 def _build(cells: list, opts: dict) -> dict:
     sweep, footers, unsupported = sweep_rows(cells)
     training, estimates = training_rows(cells, opts["scaling"], opts["noisy"])
-    overhead = overhead_rows(cells)
     floor = noise_floor(cells)
     spread = (floor or {}).get("spread") or 0.0
     verdict = training_verdict(training, estimates, spread, opts["margin"])
-    verdict += overhead_lines(overhead) + sweep_lines(footers)
+    verdict += sweep_lines(footers)
     return {
         "training": training,
         "sweep": sweep,
         "sweep_footer": footers,
         "sweep_unsupported": unsupported,
-        "overhead": overhead,
         "noise_floor": floor,
         "verdict": verdict,
         **model_tables(cells, training, sweep, opts.get("header")),
@@ -703,75 +671,3 @@ def sweep_rows(cells: list) -> tuple[list, list, list]:
         refused = {u["collective"]: u["error"] for t in found[0] for u in t.get("unsupported", [])}
         unsupported += [{**ident, "collective": c, "error": e} for c, e in refused.items()]
     return rows, footers, unsupported
-
-
-BLOCKS = 20
-
-OVERHEAD_COLUMNS = {
-    "backend": "backend",
-    "library": "raw library",
-    "launcher": "launcher",
-    "processes": "procs",
-    "model": "model",
-    "pairs": "pairs",
-    "paraflow_step_ms_median": "paraflow step ms",
-    "raw_step_ms_median": "raw step ms",
-    "paired_overhead": "paired overhead",
-    "control_overhead": "A/A control",
-    "aa_floor": "A/A floor",
-    "within_target": "within 1%",
-    "status": "status",
-}
-
-
-def _paired(ratios: list) -> tuple:
-    low, high, _ = intervals.binomial_interval(
-        intervals.blocks(torch.tensor(ratios, dtype=torch.float64), "median", BLOCKS).tolist()
-    )
-    return statistics.median(ratios), low, high
-
-
-def _overhead_row(ident: dict, tasks: list) -> dict:
-    side = {k: metrics.slowest_rank_per_step([t[f"{k}_step_s"] for t in tasks]) for k in ("paraflow", "raw", "control")}
-    pf, raw = statistics.median(side["paraflow"]), statistics.median(side["raw"])
-    paired = _paired([metrics.abstraction_overhead(p, r) for p, r in zip(side["paraflow"], side["raw"])])
-    control = _paired([metrics.abstraction_overhead(c, r) for c, r in zip(side["control"], side["raw"])])
-    row = {
-        **ident,
-        "library": tasks[0]["library"],
-        "model": tasks[0]["model"],
-        "pairs": tasks[0]["pairs"],
-        "paraflow_step_ms_median": rounded(pf * 1e3, 4),
-        "raw_step_ms_median": rounded(raw * 1e3, 4),
-        "abstraction_overhead": rounded(metrics.abstraction_overhead(pf, raw), 4),
-        "aa_floor": rounded(aa_floor(control), 4),
-        "within_target": overhead_verdict(paired, control),
-        "status": "ok",
-    }
-    for key, (value, low, high) in (("paired_overhead", paired), ("control_overhead", control)):
-        row[key], row[f"{key}_low"], row[f"{key}_high"] = rounded(value, 4), rounded(low, 4), rounded(high, 4)
-    return row
-
-
-def overhead_rows(cells: list) -> list:
-    """One row per cell group that measured the abstraction overhead (in the launch that carried
-    it): medians, paired and control overheads with intervals, verdict."""
-    rows = []
-    for _, launches in groups(cells, "train").items():
-        carried = [c for c in launches if c.get("overhead")]
-        if not carried:
-            continue
-        cell = carried[0]
-        ident = {
-            "backend": cell["backend"],
-            "launcher": cell["launcher"],
-            "processes": cell["nproc"],
-            "model": cell["overhead"],
-        }
-        tasks = task_of(cell, "overhead")
-        if tasks is None:
-            status = group_status(carried, 0, "overhead result")
-            rows.append({**dict.fromkeys(OVERHEAD_COLUMNS), **ident, "status": status})
-            continue
-        rows.append(_overhead_row(ident, tasks))
-    return rows

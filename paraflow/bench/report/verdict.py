@@ -7,8 +7,7 @@ the ratio exceeds 1 + the larger of the margin (default 5%) and the machine's no
 A/A spread: relevant); otherwise it shares the first place, with "no significant difference"
 or "a difference below" the threshold. Each row's factor is given against the fastest by median.
 Each entry has a `claim` (the categorical statement, no numbers: what a rerun should repeat) and
-a `text` (the claim with its numbers). The same for the abstraction overhead and for paraflow's
-collectives against the raw library's.
+a `text` (the claim with its numbers). The same for paraflow's collectives against the raw library's.
 """
 
 from __future__ import annotations
@@ -17,37 +16,14 @@ from typing import Optional
 
 from . import intervals
 
-__all__ = ["training_verdict", "overhead_lines", "sweep_lines", "compare_pair", "overhead_verdict", "aa_floor"]
-__all__ += ["OVERHEAD_TARGET", "RAW_TARGET_LARGE", "RAW_TARGET_SMALL", "DEFAULT_MARGIN"]
+__all__ = ["training_verdict", "sweep_lines", "compare_pair", "RAW_TARGET_LARGE", "RAW_TARGET_SMALL", "DEFAULT_MARGIN"]
 
 #: The verdict calls a throughput difference only from this size up: two runs of one commit here
 #: put the machine itself 0.3-3.7% apart (the speed probe), so a smaller one is not what a rerun repeats.
 DEFAULT_MARGIN = 0.05
 
-#: Abstraction overhead paraflow aims to stay within (reported, never asserted).
-OVERHEAD_TARGET = 0.01
 RAW_TARGET_LARGE = 1.10  # paraflow's collectives vs the raw library's, from 1 MB up
 RAW_TARGET_SMALL = 1.50  # at the smallest size
-
-
-def aa_floor(control: tuple) -> float:
-    """The control's (value, low, high) interval end farthest from zero: what the method reports
-    between identical loops, in either direction."""
-    return max(abs(control[1]), abs(control[2]))
-
-
-def overhead_verdict(paired: tuple, control: tuple, target: float = OVERHEAD_TARGET) -> str:
-    """The within-target verdict from (value, low, high) of the paired and control overheads (see
-    the module's docstring)."""
-    (_, low, high), floor = paired, aa_floor(control)
-    if high + floor <= target:
-        return "yes"
-    if low - floor > target:
-        return "no"
-    return (
-        f"unresolved: the paired interval {low:+.1%}..{high:+.1%} widened by the A/A floor "
-        f"{floor:.1%} straddles {target:.0%}"
-    )
 
 
 def _name(row: dict) -> str:
@@ -145,25 +121,6 @@ def training_verdict(rows: list, estimates: list, noise_floor: float = 0.0, marg
         if est and est.get("x") is not None:
             grouped.setdefault((row["model"], row["scaling"], row["processes"]), []).append((row, est))
     return [_group_verdict(m, s, n, entries, threshold) for (m, s, n), entries in grouped.items()]
-
-
-def overhead_lines(rows: list) -> list:
-    """One entry per abstraction-overhead measurement: within 1% yes / no / unresolved, with the numbers."""
-    out = []
-    for row in rows:
-        if row.get("within_target") is None:
-            continue
-        verdict = row["within_target"]
-        where = f"abstraction overhead, {row['backend']} at {row['processes']} process{'es' * (row['processes'] > 1)}"
-        claim = f"{where}: within {OVERHEAD_TARGET:.0%}: {verdict.split(':')[0]}"
-        detail = (
-            f"paired {row['paired_overhead']:+.2%} "
-            f"[{row['paired_overhead_low']:+.2%}, {row['paired_overhead_high']:+.2%}], "
-            f"A/A control {row['control_overhead']:+.2%} [{row['control_overhead_low']:+.2%}, "
-            f"{row['control_overhead_high']:+.2%}], A/A floor {row['aa_floor']:.2%}"
-        )
-        out.append({"claim": claim, "text": f"{where}: within {OVERHEAD_TARGET:.0%}: {verdict} ({detail})."})
-    return out
 
 
 def _meets(value: Optional[float], target: float, low: Optional[float] = None, high: Optional[float] = None) -> str:
