@@ -110,9 +110,6 @@ def test_every_cell_ran_and_every_column_is_filled(run):
                 ]
                 assert len(losses) == REPEAT and max(losses) - min(losses) <= 1e-5, (cell_id, r, losses)
     assert results["header"]["noise_floor"]["spread"] is not None
-    probe = results["header"]["speed_probe"]  # the machine's own speed after every launch
-    assert probe["count"] == len(results["cells"]) and all(c["probe_ms"] > 0 for c in results["cells"])
-    assert probe["min_ms"] <= probe["median_ms"] <= probe["max_ms"]
     sweep = results["tables"]["sweep"]
     assert {r["size_bytes"] for r in sweep} == {4096, 16384} and len(sweep) == 2
     assert all(r["wrong"] == 0 and r["busbw"] > 0 and r["raw_busbw"] > 0 and r["vs_raw"] > 0 for r in sweep)
@@ -140,7 +137,6 @@ def test_results_md_holds_the_header_every_table_and_the_commands(run):
     for header in ("torch ", "horovod ", "MPI: ", "CPU: ", "cores", "threads per process", "GB = 1e9 bytes"):
         assert header in md
     assert "noise floor (A/A check:" in md
-    assert f"after each of {len(results['cells'])} launches): median" in md  # the machine speed probe
     for command in results["header"]["commands"]:
         assert command in md
     for columns in (TRAINING_COLUMNS, SWEEP_COLUMNS):

@@ -2,7 +2,6 @@
 
     paraflow bench [OPTIONS]                       run the benchmark (the default mode)
     paraflow bench --script train.py [-- ARGS]     time your own paraflow script instead of the built-in loop
-    paraflow bench compare RUN_A RUN_B             two results folders side by side, running nothing
     paraflow bench project RUN                     the cost model of a results folder, projected to many hosts
 
 List options (--backend, --launcher, --nprocs, --model) take a comma list or repeat.
@@ -23,7 +22,6 @@ RENAMED = {
     "--backends": "--backend",
     "--launchers": "--launcher",
     "--models": "--model",
-    "--compare": "paraflow bench compare RUN_A RUN_B",
     "--project-only": "paraflow bench project RUN",
     "--steps": "--window-steps",
     "--timeout": "--launch-timeout",
@@ -66,13 +64,13 @@ def _split_script_args(parse_known_args):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the benchmark's options and its compare/project modes to `p`."""
+    """Add the benchmark's options and its project mode to `p`."""
     from ..report.verdict import DEFAULT_MARGIN
     from .config import DEFAULT_MODELS
 
     p.description = p.description or __doc__.splitlines()[0]
     p.epilog = (
-        "modes: `paraflow bench compare RUN_A RUN_B`, `paraflow bench project RUN` (each has --help). "
+        "mode: `paraflow bench project RUN` (see its --help). "
         "List options take a comma list or repeat: --backend ddp-gloo,horovod = --backend ddp-gloo --backend horovod."
     )
     p.parse_known_args = _split_script_args(p.parse_known_args)
@@ -243,16 +241,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     modes = p.add_subparsers(
         dest="mode",
-        metavar="{compare,project}",
+        metavar="{project}",
         title="modes (default: run the benchmark)",
         parser_class=argparse.ArgumentParser,
     )
-    compare = modes.add_parser(
-        "compare",
-        help="run nothing: two results folders' medians side by side with their intervals, and whether their "
-        "verdicts match (exit status 1 when they disagree)",
-    )
-    compare.add_argument("runs", nargs=2, metavar="RUN", help="a results folder (or its results.json)")
     project = modes.add_parser(
         "project", help="run nothing: fit the cost model to a results folder and project it to many hosts"
     )
@@ -303,12 +295,8 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run the benchmark (exit status 0 when every launch succeeded), or compare two runs, or project one."""
+    """Run the benchmark (exit status 0 when every launch succeeded), or project a finished run."""
     mode = getattr(args, "mode", None) or "run"
-    if mode == "compare":
-        from ..report.compare import compare_main
-
-        return compare_main(*args.runs)
     if mode == "project":
         from ..report.project import project_main
 

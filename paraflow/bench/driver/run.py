@@ -19,7 +19,7 @@ from .config import BenchConfig
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header
 from .progress import LaunchProgress
-from .runner import probe_summary, run_cells, run_extra_launches, worker_entry
+from .runner import run_cells, run_extra_launches, worker_entry
 
 __all__ = ["run_bench", "check_models", "start_line", "OUTPUT_FILES"]
 
@@ -94,7 +94,6 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     header["commands"] = [c["command"] for c in cells]
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     header["wall_time_s"] = round(time.monotonic() - start, 1)
-    header["speed_probe"] = probe_summary(cells)
     tables = build_tables(cells, header, config.to_dict())
     header["noise_floor"] = tables["noise_floor"]
     results = {

@@ -1,13 +1,5 @@
 """Launch every cell with its own launcher and a timeout, gather per-rank JSON, keep going on failure.
 
-After every launch the driver probes the machine's own speed: a fixed single-threaded kernel,
-timed. On a shared or virtual machine the host's speed drifts by itself: here 50 products of two
-256 x 256 matrices took 16.6-21.4 ms within two minutes with nothing else running. Two runs
-minutes apart can then disagree on every figure while nothing in them changed. The probe runs
-between launches (about 0.04 s each), so a run records how fast the machine itself was along the
-way, and `paraflow bench compare` can say how much of a difference between two runs the machine
-explains.
-
 More launches for the cells whose intervals are still wide, while the run's time budget lasts.
 
 After the planned rounds, a training cell whose step-time or throughput interval is wider than
@@ -31,8 +23,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-import torch
-
 from ...environment.launchers import launcher_for_tool, launcher_variables
 from ...environment.launchers.openmpi import MPI_YIELD
 from ...tools.launch import launch_command, run_launch
@@ -51,8 +41,6 @@ __all__ = [
     "cell_env",
     "failure_reason",
     "command_line",
-    "probe_ms",
-    "probe_summary",
     "wide_groups",
     "launch_cost",
     "run_extra_launches",
@@ -76,7 +64,6 @@ class CellResult:
     stdout_tail: str = ""
     stderr_tail: str = ""
     env: dict = field(default_factory=dict)
-    probe_ms: Optional[float] = None  # the machine's speed right after this launch (probe_ms)
 
     @property
     def ok(self) -> bool:
@@ -105,7 +92,6 @@ class CellResult:
             "stdout_tail": self.stdout_tail,
             "stderr_tail": self.stderr_tail,
             "ranks": self.ranks,
-            "probe_ms": self.probe_ms,
         }
 
 
@@ -328,51 +314,10 @@ def run_cells(
     for cell in cells:
         tracker.begin(cell.label, heading)
         result = run_cell(cell, config, raw_dir, config.timeout, entry, cluster)
-        result.probe_ms = round(probe_ms(), 3)
         results.append(result)
         outcome = "ok" if result.ok else f"{result.status.upper()}: {result.error}"
         tracker.end(result.ok, outcome, result.elapsed_s)
     return results
-
-
-SIZE = 256  # the kernel: LOOPS products of two SIZE x SIZE float32 matrices, one thread
-LOOPS = 20
-SAMPLES = 5  # timings per probe; the probe is their median
-
-
-def probe_ms() -> float:
-    """Median milliseconds of SAMPLES timings of the fixed kernel, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a = torch.full((SIZE, SIZE), 0.5)
-        b = torch.full((SIZE, SIZE), 0.25)
-        a @ b  # first call: allocations and dispatch, not timed
-        timings = []
-        for _ in range(SAMPLES):
-            start = time.perf_counter()
-            for _ in range(LOOPS):
-                a @ b
-            timings.append((time.perf_counter() - start) * 1000)
-        return statistics.median(timings)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def probe_summary(cells: list) -> Optional[dict]:
-    """The probes of a run's launches: count, median, min, max and spread ((max - min) / median), or None."""
-    probes = [c["probe_ms"] for c in cells if c.get("probe_ms") is not None]
-    if not probes:
-        return None
-    middle = statistics.median(probes)
-    return {
-        "kernel": f"{LOOPS} products of {SIZE}x{SIZE} float32 matrices, 1 thread, median of {SAMPLES}",
-        "count": len(probes),
-        "median_ms": round(middle, 3),
-        "min_ms": round(min(probes), 3),
-        "max_ms": round(max(probes), 3),
-        "spread": round((max(probes) - min(probes)) / middle, 4),
-    }
 
 
 def wide_groups(cells: list, noisy: float, scaling: tuple) -> list:

@@ -17,7 +17,6 @@ __all__ = [
     "header_lines",
     "busy_warning",
     "cluster_line",
-    "probe_line",
     "extra_launches_line",
     "UNITS",
 ]
@@ -112,14 +111,6 @@ def extra_launches_line(extra: dict) -> str:
     )
 
 
-def probe_line(probe: dict) -> str:
-    """The machine's own speed along the run (driver/runner.py's probe_ms), in one line."""
-    return (
-        f"machine speed probe ({probe['kernel']}, after each of {probe['count']} launches): median "
-        f"{probe['median_ms']:g} ms, {probe['min_ms']:g}–{probe['max_ms']:g} ms ({probe['spread']:.0%} spread)"
-    )
-
-
 def busy_warning(header: dict) -> Optional[str]:
     """A warning when other work competed for the CPU: a 1-min load average above the core count."""
     load = header["load_average_1min"]
@@ -155,9 +146,6 @@ def header_lines(header: dict, with_commands: bool = True) -> list[str]:
             f"noise floor (A/A check: {floor['cell']} launched twice on {floor['model']}, median step "
             f"{medians} ms): {spread}"
         )
-    probe = header.get("speed_probe")
-    if probe:
-        lines.append(probe_line(probe))
     if header.get("extra_launches") is not None:
         lines.append(extra_launches_line(header["extra_launches"]))
     warning = busy_warning(header)

@@ -19,8 +19,7 @@ where Welch's lie 3.9 (a 99.6% interval called 95%).
 Every draw comes from a generator seeded by what is estimated, so rebuilding the tables from
 results.json gives the same intervals.
 
-Student's t tail and quantile come from scipy; Welch's degrees of freedom and Holm's step-down
-adjustment say whether two figures differ, and by how much.
+Student's t quantile comes from scipy; Welch's degrees of freedom say how far two figures differ.
 """
 
 from __future__ import annotations
@@ -48,10 +47,8 @@ __all__ = [
     "estimate",
     "ratio",
     "relative_halfwidth",
-    "two_sided_p",
     "t_quantile",
     "welch",
-    "holm",
 ]
 
 CONFIDENCE = 0.95
@@ -216,11 +213,6 @@ def percentile_interval(replicates: torch.Tensor, confidence: float = CONFIDENCE
     return low, high
 
 
-def two_sided_p(t: float, df: float) -> float:
-    """P(|T| >= |t|) for Student's t with `df` degrees of freedom (inf: the normal)."""
-    return float(2.0 * stats.t.sf(abs(t), df))
-
-
 @functools.lru_cache(maxsize=256)
 def t_quantile(df: float, confidence: float = 0.95) -> float:
     """The t with P(|T| >= t) = 1 - `confidence` for Student's t with `df` (any positive real)
@@ -236,13 +228,3 @@ def welch(a: tuple, b: tuple) -> tuple:
     se2 = sa * sa + sb * sb
     df = se2 * se2 / ((sa**4) / da + (sb**4) / db) if se2 > 0 else math.inf
     return ca - cb, math.sqrt(se2), df
-
-
-def holm(p_values: list) -> list:
-    """Holm's step-down adjusted p-values (family-wise error control, any dependence)."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    adjusted, running = [1.0] * len(p_values), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted

@@ -7,10 +7,24 @@ import json
 import sys
 from pathlib import Path
 
-from .compare import load_results
+from ...errors import ConfigurationError
 from .costmodel import KEYS, PREDICTION_COLUMNS
 from .outputs import CSV_TABLES, model_sections, write_csv
 from .tables import build_tables, render
+
+
+def load_results(path: str) -> dict:
+    """results.json from a results folder (or the file itself)."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "results.json"
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(
+            f"cannot read benchmark results from {path!r} ({exc}); give a folder written by `paraflow bench --out DIR`."
+        ) from None
+
 
 __all__ = ["project_main"]
 

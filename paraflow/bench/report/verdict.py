@@ -19,7 +19,8 @@ from . import intervals
 __all__ = ["training_verdict", "sweep_lines", "compare_pair", "RAW_TARGET_LARGE", "RAW_TARGET_SMALL", "DEFAULT_MARGIN"]
 
 #: The verdict calls a throughput difference only from this size up: two runs of one commit here
-#: put the machine itself 0.3-3.7% apart (the speed probe), so a smaller one is not what a rerun repeats.
+#: put the machine itself 0.3-3.7% apart (a fixed kernel timed after every launch), so a smaller one is
+#: not what a rerun repeats.
 DEFAULT_MARGIN = 0.05
 
 RAW_TARGET_LARGE = 1.10  # paraflow's collectives vs the raw library's, from 1 MB up
