@@ -1,13 +1,10 @@
-"""The cost model: the α-β fit, the per-row prediction, the projection and the published comparison."""
-
-import math
+"""The cost model: the α-β fit, the per-row prediction and the projection."""
 
 import pytest
 import torch
 
 from paraflow.bench.report.costmodel import (
     HOSTS,
-    PUBLISHED,
     allreduce_s,
     coefficients,
     fit_alpha_beta,
@@ -15,7 +12,6 @@ from paraflow.bench.report.costmodel import (
     messages,
     predict_rows,
     project,
-    published_comparison,
 )
 from paraflow.errors import ConfigurationError
 
@@ -176,19 +172,6 @@ def test_the_projected_efficiency_falls_as_hosts_are_added():
     assert at[("10 Gbit/s", 8)]["step_ms"] > at[("100 Gbit/s", 8)]["step_ms"]  # a slower link, a longer step
     r = at[("10 Gbit/s", 32)]
     assert r["samples_per_s"] == pytest.approx(32 * 32 / (r["step_ms"] / 1e3), rel=1e-3)
-
-
-def test_the_published_comparison_gives_numbers_for_the_three_models():
-    rows = published_comparison()
-    assert [r["model"] for r in rows] == list(PUBLISHED)
-    for r in rows:
-        assert 0 < r["efficiency_no_overlap"] <= r["efficiency_overlap"] <= 1 and r["gpus"] == 512
-        assert r["grad_mb"] == pytest.approx(PUBLISHED[r["model"]][0] * 4 / 1e6, abs=0.1)
-        assert math.isclose(r["published"], PUBLISHED[r["model"]][2])
-    vgg = rows[-1]
-    assert vgg["efficiency_no_overlap"] == min(r["efficiency_no_overlap"] for r in rows)  # 138 M parameters
-    # a faster link projects a higher efficiency
-    assert published_comparison(link_gbit=100)[-1]["efficiency_no_overlap"] > vgg["efficiency_no_overlap"]
 
 
 def test_the_fit_gives_the_same_bits_whatever_the_thread_count():

@@ -338,7 +338,6 @@ def test_the_cost_model_fits_the_sweep_predicts_the_rows_and_projects(run, tmp_p
         assert row["prediction_error"] == pytest.approx(row["predicted_step_ms"] / row["step_ms_median"] - 1, abs=1e-3)
     projected = tables["projection"]
     assert {r["model"] for r in projected} == set(LABELS) and {r["hosts"] for r in projected} == {8, 32, 128}
-    assert [r["model"] for r in tables["published"]] == ["Inception V3", "ResNet-101", "VGG-16"]
     md = (run["out"] / "results.md").read_text()
     assert "PROJECTION to many hosts" in md and "prediction error" in md
     # `bench project` rebuilds the same from a copy of the folder, running nothing

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from .costmodel import FIT_COLUMNS, MODEL_NOTE, PROJECTION_COLUMNS, PUBLISHED_COLUMNS
+from .costmodel import FIT_COLUMNS, MODEL_NOTE, PROJECTION_COLUMNS
 from .header import header_lines
 from .tables import (
     SWEEP_COLUMNS,
@@ -33,7 +33,6 @@ CSV_TABLES = {
     "sweep_summary.csv": ("sweep_footer", SWEEP_FOOTER_COLUMNS),
     "costmodel.csv": ("costmodel_fit", FIT_COLUMNS),
     "projection.csv": ("projection", PROJECTION_COLUMNS),
-    "published.csv": ("published", PUBLISHED_COLUMNS),
 }
 
 DEFINITIONS = [
@@ -222,15 +221,6 @@ def model_sections(tables: dict, fmt: str) -> list:
             (
                 "PROJECTION to many hosts from the cost model (not measured)",
                 render(tables["projection"], PROJECTION_COLUMNS, fmt) + "\n\n" + MODEL_NOTE,
-            )
-        )
-    if tables.get("published"):
-        first = tables["published"][0]
-        sections.append(
-            (
-                f"PROJECTION against Horovod's published scaling ({first['gpus']} GPUs, {first['link']}, "
-                f"α {first['alpha_us']:g} µs per ring step)",
-                render(tables["published"], PUBLISHED_COLUMNS, fmt),
             )
         )
     return sections

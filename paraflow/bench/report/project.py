@@ -1,5 +1,5 @@
 """`paraflow bench project DIR`: the cost model of a finished run, printed and written beside it
-(projection.json, costmodel.csv, projection.csv, published.csv)."""
+(projection.json, costmodel.csv, projection.csv)."""
 
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ def project_main(path: str, out=None) -> int:
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     (folder / "projection.json").write_text(json.dumps({k: tables[k] for k in KEYS}, indent=1))
     for name, (key, columns) in CSV_TABLES.items():
-        if key in KEYS:  # costmodel.csv, projection.csv, published.csv
+        if key in KEYS:  # costmodel.csv, projection.csv
             write_csv(folder / name, tables[key], columns, results["header"])
     sections = model_sections(tables, "simple")
     if tables["predictions"]:
         sections.insert(1, ("Predicted against measured step time", render(tables["predictions"], PREDICTION_COLUMNS)))
     for title, text in sections:
         print(f"\n{title}\n{text}", file=out)
-    print(f"\nwrote projection.json, costmodel.csv, projection.csv, published.csv to {folder}/", file=out)
+    print(f"\nwrote projection.json, costmodel.csv, projection.csv to {folder}/", file=out)
     return 0 if any(d.get("status", "ok") == "ok" for d in tables["predictions"]) else 1

@@ -85,9 +85,6 @@ PERCENT_KEYS = {
     "comm_overhead",
     "prediction_error",
     "efficiency",
-    "efficiency_no_overlap",
-    "efficiency_overlap",
-    "published",
     "rms_residual",
     "max_residual",
 }
@@ -135,7 +132,7 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
 
     Tables: training, sweep (+ sweep_footer, sweep_unsupported); noise_floor
     (the A/A check); verdict (list of {claim, text}); the cost model's costmodel_fit, predictions,
-    projection and published (costmodel.py). `config` (results.json's) gives the noisy
+    projection (costmodel.py). `config` (results.json's) gives the noisy
     bound, the verdict's margin and the scaling modes.
     """
     threads = torch.get_num_threads()
