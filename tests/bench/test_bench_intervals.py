@@ -251,41 +251,6 @@ def test_project_of_a_missing_folder_is_a_clear_error_not_a_traceback(tmp_path, 
     assert "cannot read benchmark results" in err and "paraflow bench --out DIR" in err and "Traceback" not in err
 
 
-def test_sweep_verdict_is_yes_no_or_within_noise_from_the_intervals():
-    from paraflow.bench.report.verdict import sweep_lines
-
-    def footer(large, small):
-        (v, lo, hi), (sv, slo, shi) = large, small
-        return {
-            "collective": "allreduce",
-            "backend": "ddp-gloo",
-            "launcher": "torchrun",
-            "processes": 2,
-            "worst_vs_raw_large": v,
-            "worst_vs_raw_large_low": lo,
-            "worst_vs_raw_large_high": hi,
-            "vs_raw_smallest": sv,
-            "vs_raw_smallest_low": slo,
-            "vs_raw_smallest_high": shi,
-        }
-
-    claims = [
-        e["claim"]
-        for e in sweep_lines(
-            [
-                footer((1.05, 1.01, 1.09), (1.2, 1.1, 1.3)),  # both intervals below their targets
-                footer((1.3, 1.2, 1.4), (1.7, 1.6, 1.8)),  # both above
-                footer((1.08, 0.95, 1.25), (1.45, 1.2, 1.7)),  # both straddle
-            ]
-        )
-    ]
-    assert [c.split(": ", 1)[1] for c in claims] == [
-        "paraflow within 1.1× of raw at >= 1 MB: yes; within 1.5× at the smallest size: yes",
-        "paraflow within 1.1× of raw at >= 1 MB: no; within 1.5× at the smallest size: no",
-        "paraflow within 1.1× of raw at >= 1 MB: within noise; within 1.5× at the smallest size: within noise",
-    ]
-
-
 def test_a_row_beaten_by_any_faster_row_is_slower_even_if_the_fastest_is_too_loose_to_show_it():
     loose = intervals.estimate(launches(1100.0, 0.60), "median", "loose")  # fastest by median, very wide
     tight = intervals.estimate(launches(1000.0, 0.01), "median", "tight")

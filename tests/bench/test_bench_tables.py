@@ -107,8 +107,7 @@ def ddp(repeat, scale):
             "world_size": 2,
             "device": "cpu",
             "rows": [
-                sweep_row("allreduce", "raw", 4096, t([0.001, 0.002] if r else [0.002, 0.001])),
-                sweep_row("allreduce", "public", 4096, t([0.0012, 0.0024]), wrong=r),
+                sweep_row("allreduce", "raw", 4096, t([0.001, 0.002] if r else [0.002, 0.001]), wrong=r),
             ],
             "unsupported": [{"collective": "allgather", "error": "not supported"}],
         }
@@ -163,20 +162,18 @@ def test_strong_scaling_rows_use_the_same_global_batch():
     assert strong_rows["single"]["speedup"] == 1.0
 
 
-def test_sweep_rows_set_paraflow_beside_raw():
+def test_sweep_rows_take_the_slowest_rank_per_round_and_pool_launches():
     tables = build_tables(CELLS + [FAILED])
     row, failed = tables["sweep"]
     assert set(row) >= set(SWEEP_COLUMNS) and failed["status"].startswith("timed out")
-    # raw: per round the slower rank: [2, 2] ms (launch 1), [4, 4] ms (launch 2) -> medians 2 and 4 -> 3 ms
-    assert row["raw_time_us"] == 3000.0
-    # paraflow: [1.2, 2.4] -> 1.8 ms, then 3.6 ms -> 2.7 ms; paired per round: 0.6 and 1.2 in both launches
-    assert row["time_us"] == 2700.0 and row["vs_raw"] == 0.9
-    # both launches' ratios are 0.9, but each launch's own rounds (0.6, 1.2) keep the interval open
-    assert row["vs_raw_low"] < 0.6 and row["vs_raw_high"] > 1.2  # two launches: t(1), wide
-    assert row["busbw"] == round(4096 / 0.0027 / 1e9, 4) and row["algbw"] == row["busbw"]  # n = 2: factor 1
+    # per round the slower rank: [2, 2] ms (launch 1), [4, 4] ms (launch 2) -> medians 2 and 4 -> 3 ms
+    assert row["time_us"] == 3000.0 and row["impl"] == "raw"
+    assert row["time_us_low"] < 3000.0 < row["time_us_high"]  # two launches: t(1), wide
+    assert row["busbw"] == round(4096 / 0.003 / 1e9, 4) and row["algbw"] == row["busbw"]  # n = 2: factor 1
+    assert row["busbw_low"] < row["busbw"] < row["busbw_high"]
     assert row["wrong"] == 2  # rank 1's one wrong element, in each launch
     footer = tables["sweep_footer"][0]
-    assert footer["wrong"] == 2 and footer["vs_raw_smallest"] == 0.9 and footer["worst_vs_raw_large"] is None
+    assert footer["wrong"] == 2 and footer["sizes"] == 1 and footer["avg_busbw"] == row["busbw"]
     assert tables["sweep_unsupported"][0]["collective"] == "allgather"
 
 
@@ -191,7 +188,6 @@ def test_verdict_is_in_the_tables_with_claims():
     verdict = build_tables(CELLS)["verdict"]
     claims = [v["claim"] for v in verdict]
     assert "mlp, 1 process: fastest single · python" in claims
-    assert any(c.startswith("allreduce, ddp-gloo · torchrun, 2 processes: paraflow within") for c in claims)
     assert all(v["text"].startswith(v["claim"].split(":")[0]) for v in verdict)
 
 
@@ -337,7 +333,7 @@ def test_sweep_rows_keep_the_planned_launches_only():
     for r in extra["ranks"]:
         r["tasks"].pop("sweep")
     row = build_tables(CELLS + [extra])["sweep"][0]
-    assert row["status"] == "ok" and row["launches"] == 2 and row["raw_time_us"] == 3000.0
+    assert row["status"] == "ok" and row["launches"] == 2 and row["time_us"] == 3000.0
 
 
 class _Launched:

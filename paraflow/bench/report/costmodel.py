@@ -184,11 +184,8 @@ def fit_alpha_beta(
 
 
 def fit_sweep(sweep: list, header: Optional[dict] = None) -> list:
-    """One fit per backend, launcher and process count from the sweep table's float32 allreduce rows.
-
-    Uses the raw library's time (what training sends goes through the library's own call), the
-    paraflow call's where the raw one is missing.
-    """
+    """One fit per backend, launcher and process count from the sweep table's float32 allreduce rows
+    (the library's own call, which training sends its gradients through)."""
     grouped: dict = {}
     for row in sweep:
         if row.get("collective") != "allreduce" or row.get("size_bytes") is None:
@@ -196,9 +193,8 @@ def fit_sweep(sweep: list, header: Optional[dict] = None) -> list:
         if not str(row.get("status", "")).startswith("ok"):
             continue
         key = (row["backend"], row["launcher"], row["transport"], row["processes"])
-        time_us = row.get("raw_time_us") if row.get("raw_time_us") is not None else row.get("time_us")
-        if time_us:
-            grouped.setdefault(key, []).append((row["size_bytes"], time_us * 1e-6))
+        if row.get("time_us"):
+            grouped.setdefault(key, []).append((row["size_bytes"], row["time_us"] * 1e-6))
     cluster = (header or {}).get("cluster")
     link = f"{cluster['hosts']} hosts, {cluster['bandwidth']}" if cluster else "one host"
     fits = []

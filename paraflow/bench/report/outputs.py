@@ -72,13 +72,11 @@ DEFINITIONS = [
     "tensors (a sharded backend's local shards), max over ranks.",
     "loss at step --warmup: the loss after --warmup steps, mean over ranks: every launch runs at least those from "
     "the same seed and data, so rows with the same process count should agree.",
-    "sweep: nccl-tests style; per size the raw library's call and paraflow's public call (allreduce_, "
-    "broadcast_ in place, allgather returning a list) alternate, one operation each per round "
-    "(12 pairs at least, up to 40 below 1 MB and 200 from 1 MB up), float32 elements; time = median over rounds "
-    "of the slowest rank's time; algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, "
-    "reduce_scatter; size = the whole gathered or scattered buffer), 1 (broadcast); paraflow/raw = median "
-    "over rounds of a round's paraflow time over its raw time, then over launches; #wrong = elements "
-    "differing from the exact expected result.",
+    "sweep: nccl-tests style; per size the backend's library call (call: raw; paraflow's public call for a "
+    "backend with no raw library named), one operation per round (12 at least, up to 40 below 1 MB and 200 "
+    "from 1 MB up), float32 elements; time = median over rounds of the slowest rank's time; algbw = size / "
+    "time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter; size = the whole "
+    "gathered or scattered buffer), 1 (broadcast); #wrong = elements differing from the exact expected result.",
     "cost model: per backend, launcher and process count, allreduce time T = a(n)·α + b(n)·S/B fitted to the "
     "raw library's sweep times (weighted least squares on relative error; ring for gloo, Open MPI's "
     "Rabenseifner for horovod under mpirun); predicted step = compute (compute_ms, else the median no-sync "
@@ -105,13 +103,9 @@ SWEEP_HIDDEN = ("backend", "launcher", "transport", "processes", "collective")
 
 
 def _sweep_footer(footer: dict) -> str:
-    def bw(key: str) -> str:
-        return "—" if footer.get(key) is None else f"{footer[key]:g} GB/s"
-
-    return (
-        f"# Avg bus bandwidth : raw {bw('avg_raw_busbw')}, paraflow {bw('avg_busbw')}"
-        + f"   # Out of bounds values : {footer['wrong']} {'OK' if footer['wrong'] == 0 else 'WRONG'}"
-    )
+    busbw = "—" if footer.get("avg_busbw") is None else f"{footer['avg_busbw']:g} GB/s"
+    wrong = footer["wrong"]
+    return f"# Avg bus bandwidth : {busbw}   # Out of bounds values : {wrong} {'OK' if wrong == 0 else 'WRONG'}"
 
 
 def _sections(results: dict, fmt: str) -> list:

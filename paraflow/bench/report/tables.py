@@ -36,10 +36,8 @@ Collectives
 
 Per launch, a size's time is the median over rounds of the slowest rank's time for the round's
 operation; across launches the row shows the median with a 95% interval across launches
-(intervals.py), bandwidths follow from the time (algbw = size / time, busbw = algbw x nccl-tests'
-factor for the collective), and paraflow / raw pairs each round's paraflow operation with the raw
-one beside it (median over rounds, then over launches), so both sides of a ratio come from the
-same moments of the same processes.
+(intervals.py), and bandwidths follow from the time (algbw = size / time, busbw = algbw x
+nccl-tests' factor for the collective).
 """
 
 from __future__ import annotations
@@ -54,11 +52,7 @@ from ..model_spec import ModelSpec
 from . import intervals, metrics
 from .costmodel import model_tables
 from .launches import TASK_PREFIX, device_name, group_status, groups, rounded, task_of
-from .verdict import (
-    DEFAULT_MARGIN,
-    sweep_lines,
-    training_verdict,
-)
+from .verdict import DEFAULT_MARGIN, training_verdict
 
 __all__ = [
     "TRAINING_COLUMNS",
@@ -149,7 +143,6 @@ def _build(cells: list, opts: dict) -> dict:
     floor = noise_floor(cells)
     spread = (floor or {}).get("spread") or 0.0
     verdict = training_verdict(training, estimates, spread, opts["margin"])
-    verdict += sweep_lines(footers)
     return {
         "training": training,
         "sweep": sweep,
@@ -525,8 +518,6 @@ def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10)
     return [rows[i] for i in ranked], [estimates[i] for i in ranked]
 
 
-LARGE = 1024**2  # paraflow's target: within 1.1x of raw from 1 MB up
-
 #: The sweep's columns (float32 elements; GB = 1e9 bytes).
 SWEEP_COLUMNS = {
     "backend": "backend",
@@ -534,20 +525,16 @@ SWEEP_COLUMNS = {
     "transport": "transport",
     "processes": "procs",
     "collective": "collective",
+    "impl": "call",
     "size_bytes": "size(B)",
     "count": "count",
-    "raw_time_us": "raw time(us)",
-    "raw_busbw": "raw busbw(GB/s)",
-    "time_us": "paraflow time(us)",
-    "algbw": "paraflow algbw(GB/s)",
-    "busbw": "paraflow busbw(GB/s)",
-    "vs_raw": "paraflow/raw",
+    "time_us": "time(us)",
+    "algbw": "algbw(GB/s)",
+    "busbw": "busbw(GB/s)",
     "wrong": "#wrong",
     "launches": "launches",
     "status": "status",
 }
-
-
 SWEEP_FOOTER_COLUMNS = {
     "backend": "backend",
     "launcher": "launcher",
@@ -555,10 +542,7 @@ SWEEP_FOOTER_COLUMNS = {
     "collective": "collective",
     "sizes": "sizes",
     "wrong": "#wrong",
-    "avg_raw_busbw": "avg raw busbw",
-    "avg_busbw": "avg paraflow busbw",
-    "worst_vs_raw_large": "worst paraflow/raw >= 1 MB",
-    "vs_raw_smallest": "paraflow/raw smallest",
+    "avg_busbw": "avg busbw",
     "status": "status",
 }
 
@@ -575,67 +559,34 @@ def _rows_of(group: str, found: list, ident: dict) -> tuple[list, list]:
     for launch, tasks in enumerate(found):
         for rank_task in tasks:
             for r in rank_task["rows"]:
-                slot = keyed.setdefault(r["collective"], {}).setdefault(r["bytes"], {"count": r["count"]})
-                side = slot.setdefault(r["impl"], {})
-                side.setdefault("time", {}).setdefault(launch, []).append(r.get("round_s") or [r["time_s"]])
-                side["wrong"] = side.get("wrong", 0) + r["wrong"]
+                slot = keyed.setdefault(r["collective"], {}).setdefault(r["bytes"], {"count": r["count"], "wrong": 0})
+                slot.setdefault("time", {}).setdefault(launch, []).append(r.get("round_s") or [r["time_s"]])
+                slot["impl"], slot["wrong"] = r.get("impl"), slot["wrong"] + r["wrong"]
     rows, footers = [], []
     for collective, sizes in keyed.items():
         body = []
         for size, slot in sorted(sizes.items()):
-            row = {**dict.fromkeys(SWEEP_COLUMNS), **ident, "collective": collective}
-            row.update(size_bytes=size, count=slot["count"], launches=len(found), status="ok")
-            factor = metrics.bus_factor(n, collective)
-            times = {}
-            for side, data in slot.items():
-                if side == "count":
-                    continue
-                per_launch = [metrics.slowest_rank_per_step(ranks) for ranks in data["time"].values()]  # per round
-                times[side] = per_launch
-                est = intervals.estimate(per_launch, "median", "time", group, collective, size, side)
-                prefix = "raw_" if side == "raw" else ""
-                _put(row, f"{prefix}time_us", est, 1e6, 2)
-                _put_bw(row, f"{prefix}busbw", size, factor, est)
-                if side == "public":
-                    _put_bw(row, "algbw", size, 1.0, est)
-            row["wrong"] = sum(d["wrong"] for k, d in slot.items() if k != "count")
-            if "public" in times and "raw" in times:  # paired: a round's paraflow time over its raw time
-                ratios = [[p / r for p, r in zip(pub, raw)] for pub, raw in zip(times["public"], times["raw"])]
-                _put(row, "vs_raw", intervals.estimate(ratios, "median", "ratio", group, collective, size), 1, 3)
+            row = {**dict.fromkeys(SWEEP_COLUMNS), **ident, "collective": collective, "impl": slot["impl"]}
+            row.update(size_bytes=size, count=slot["count"], wrong=slot["wrong"], launches=len(found), status="ok")
+            per_launch = [metrics.slowest_rank_per_step(ranks) for ranks in slot["time"].values()]  # per round
+            est = intervals.estimate(per_launch, "median", "time", group, collective, size)
+            _put(row, "time_us", est, 1e6, 2)
+            _put_bw(row, "busbw", size, metrics.bus_factor(n, collective), est)
+            _put_bw(row, "algbw", size, 1.0, est)
             body.append(row)
         rows += body
-        footers.append(_footer(ident, collective, body))
+        busbw = [r["busbw"] for r in body if r["busbw"] is not None]
+        footers.append(
+            {
+                **{k: ident[k] for k in ("backend", "launcher", "processes")},
+                "collective": collective,
+                "sizes": len(body),
+                "wrong": sum(r["wrong"] for r in body),
+                "avg_busbw": rounded(statistics.fmean(busbw), 4) if busbw else None,
+                "status": "ok",
+            }
+        )
     return rows, footers
-
-
-def _mean(values: list) -> Optional[float]:
-    values = [v for v in values if v is not None]
-    return rounded(statistics.fmean(values), 4) if values else None
-
-
-def _footer(ident: dict, collective: str, body: list) -> dict:
-    large = [r for r in body if r["vs_raw"] is not None and r["size_bytes"] >= LARGE]
-    first = body[0] if body else {}
-    return {
-        **{k: ident[k] for k in ("backend", "launcher", "processes")},
-        "collective": collective,
-        "sizes": len(body),
-        "wrong": sum(r["wrong"] for r in body),
-        "avg_raw_busbw": _mean([r["raw_busbw"] for r in body]),
-        "avg_busbw": _mean([r["busbw"] for r in body]),
-        "worst_vs_raw_large": max((r["vs_raw"] for r in large), default=None),
-        # the interval ends that decide the verdict: the highest low end and the highest high end
-        "worst_vs_raw_large_low": max(
-            (r["vs_raw_low"] for r in large if r.get("vs_raw_low") is not None), default=None
-        ),
-        "worst_vs_raw_large_high": max(
-            (r["vs_raw_high"] for r in large if r.get("vs_raw_high") is not None), default=None
-        ),
-        "vs_raw_smallest": first.get("vs_raw"),
-        "vs_raw_smallest_low": first.get("vs_raw_low"),
-        "vs_raw_smallest_high": first.get("vs_raw_high"),
-        "status": "ok",
-    }
 
 
 def sweep_rows(cells: list) -> tuple[list, list, list]:

@@ -7,7 +7,7 @@ the ratio exceeds 1 + the larger of the margin (default 5%) and the machine's no
 A/A spread: relevant); otherwise it shares the first place, with "no significant difference"
 or "a difference below" the threshold. Each row's factor is given against the fastest by median.
 Each entry has a `claim` (the categorical statement, no numbers: what a rerun should repeat) and
-a `text` (the claim with its numbers). The same for paraflow's collectives against the raw library's.
+a `text` (the claim with its numbers).
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ from typing import Optional
 
 from . import intervals
 
-__all__ = ["training_verdict", "sweep_lines", "compare_pair", "RAW_TARGET_LARGE", "RAW_TARGET_SMALL", "DEFAULT_MARGIN"]
+__all__ = ["training_verdict", "compare_pair", "DEFAULT_MARGIN"]
 
 #: The verdict calls a throughput difference only from this size up: two runs of one commit here
 #: put the machine itself 0.3-3.7% apart (a fixed kernel timed after every launch), so a smaller one is
 #: not what a rerun repeats.
 DEFAULT_MARGIN = 0.05
-
-RAW_TARGET_LARGE = 1.10  # paraflow's collectives vs the raw library's, from 1 MB up
-RAW_TARGET_SMALL = 1.50  # at the smallest size
 
 
 def _name(row: dict) -> str:
@@ -122,38 +119,3 @@ def training_verdict(rows: list, estimates: list, noise_floor: float = 0.0, marg
         if est and est.get("x") is not None:
             grouped.setdefault((row["model"], row["scaling"], row["processes"]), []).append((row, est))
     return [_group_verdict(m, s, n, entries, threshold) for (m, s, n), entries in grouped.items()]
-
-
-def _meets(value: Optional[float], target: float, low: Optional[float] = None, high: Optional[float] = None) -> str:
-    """yes when the interval lies at or below `target`, no when above it, "within noise" when it
-    straddles it (only the median, without an interval)."""
-    if value is None:
-        return "—"
-    if low is None or high is None:
-        return "yes" if value <= target else "no"
-    return "yes" if high <= target else ("no" if low > target else "within noise")
-
-
-def sweep_lines(footers: list) -> list:
-    """One entry per backend x launcher x collective with a raw comparison: paraflow's call
-    within 1.1x of the raw library's from 1 MB up, and within 1.5x at the smallest size: yes when
-    every interval lies at or below the target, no when one lies above, else within noise."""
-    out = []
-    for f in footers:
-        if f.get("worst_vs_raw_large") is None and f.get("vs_raw_smallest") is None:
-            continue
-        where = f"{f['collective']}, {f['backend']} · {f['launcher']}, {f['processes']} processes"
-        large, small = f["worst_vs_raw_large"], f["vs_raw_smallest"]
-        large_meets = _meets(large, RAW_TARGET_LARGE, f.get("worst_vs_raw_large_low"), f.get("worst_vs_raw_large_high"))
-        small_meets = _meets(small, RAW_TARGET_SMALL, f.get("vs_raw_smallest_low"), f.get("vs_raw_smallest_high"))
-        claim = (
-            f"{where}: paraflow within {RAW_TARGET_LARGE}× of raw at >= 1 MB: {large_meets}; "
-            f"within {RAW_TARGET_SMALL}× at the smallest size: {small_meets}"
-        )
-        numbers = []
-        if large is not None:
-            numbers.append(f"worst {large:.2f}× at >= 1 MB")
-        if small is not None:
-            numbers.append(f"{small:.2f}× at the smallest size")
-        out.append({"claim": claim, "text": f"{claim} ({', '.join(numbers)}; medians over launches)."})
-    return out
