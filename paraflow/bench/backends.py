@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["BenchFacts", "FACTS", "facts", "raw_loop", "collectives_key", "skip_reason", "no_sync_communicates"]
+__all__ = ["BenchFacts", "FACTS", "facts", "raw_loop", "collectives_key", "skip_reason"]
 
 #: Seconds horovod's background thread waits between cycles (HOROVOD_CYCLE_TIME's default since 0.21).
 HOROVOD_CYCLE_S = 1e-3
@@ -96,9 +96,3 @@ def skip_reason(name: str, cuda_devices: int) -> Optional[str]:
     if known is not None and known.needs_gpu and not cuda_devices:
         return f"no GPU: {name} would be a pass-through of single (ask for it with --backend {name})"
     return None
-
-
-def no_sync_communicates(name: str) -> bool:
-    """Whether a step of backend `name` under ``no_sync`` still communicates."""
-    known = facts(name)
-    return known is not None and known.no_sync_communicates

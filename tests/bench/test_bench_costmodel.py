@@ -113,12 +113,6 @@ def test_a_prediction_uses_the_rows_own_compute_gradient_and_fit():
     assert rows[0]["predicted_step_ms"] == pytest.approx(11.0 + comm * 1e3, abs=1e-3)
     assert rows[0]["prediction_error"] == pytest.approx((11.0 + comm * 1e3) / 12.0 - 1, abs=1e-4)
     assert "predicted_step_ms" not in rows[1]  # one process: no sweep, no fit, no prediction
-    # a compute_ms column, where the table has one, wins over the no-sync step
-    rows = [_row("ddp-gloo", "torchrun", compute_ms=7.5)]
-    (detail,) = predict_rows(rows, [_fit("ddp-gloo", "torchrun")], cells)
-    assert detail["compute_from"] == "compute_ms" and rows[0]["predicted_step_ms"] == pytest.approx(
-        7.5 + comm * 1e3, abs=1e-3
-    )
 
 
 def test_a_backend_the_benchmark_does_not_know_gets_a_no_cost_model_row_not_free_communication():

@@ -38,8 +38,8 @@ predicted step = compute + the modelled time of the messages the backend sends p
 overlap: on a CPU host the library's threads and the backward pass share the same cores, so
 communication is taken to add to the step (the comm overhead column measures how far that holds).
 
-compute: the row's ``compute_ms`` where the table has it, else the median step without gradient
-sync that the comm overhead measurement records (forward, backward, local optimizer update).
+compute: the median step without gradient sync that the comm overhead measurement records
+(forward, backward, local optimizer update).
 
 Messages per step, from the model's own parameter tensors where the model can be rebuilt from its
 spec (else from the gradient bytes alone):
@@ -352,9 +352,7 @@ def predict_rows(training: list, fits: list, cells: list) -> list:
             details.append({k: row.get(k) for k in ("model", "scaling", "backend", "launcher", "processes")})
             details[-1].update(link=fit["link"], measured_step_ms=row["step_ms_median"], status=unknown)
             continue
-        compute = row.get("compute_ms")
-        source = "compute_ms" if compute is not None else "no-sync step"
-        compute = compute if compute is not None else fact["no_sync_ms"]
+        compute, source = fact["no_sync_ms"], "no-sync step"
         if compute is None:
             continue
         if fact["spec"] not in sizes:

@@ -57,16 +57,6 @@ DEFINITIONS = [
     "comm overhead: 1 - t_step(no gradient sync) / t_step(with it), medians of interleaved pairs of steps; the "
     "step without sync runs forward and backward under backend.no_sync and a local optimizer update "
     "(horovod's inside optimizer.skip_synchronize(), since its step() would reduce the skipped gradients).",
-    "step breakdown (compute, overlapped comm, exposed comm, optimizer, other; ms): timestamps on the "
-    "interleaved pairs of steps with and without gradient sync (no extra steps). compute = forward + backward of "
-    "the step without sync; optimizer = its optimizer step (a local update); exposed comm = what the synced step "
-    "waits for communication after its compute: its backward's tail after the last gradient is ready (where "
-    "DDP and fsdp wait for their buckets) beyond the unsynced step's tail, plus its wait in optimizer.step's "
-    "synchronize (horovod); overlapped comm = the synced backward from the first gradient ready (when "
-    "communication can start) to the last, an upper bound on communication hidden behind compute, not one of "
-    "the summed parts; other = synced step - compute - exposed - optimizer (to device, zero_grad, device sync, "
-    "compute slowed by communication sharing the cores). Per pair the slowest rank's synced step and its parts; "
-    "per launch medians over pairs. One process (single): every timed step, no communication.",
     "peak mem: peak resident set size of the process on CPU (max over ranks), torch's peak allocated memory on CUDA.",
     "model state: bytes of parameters, gradients and optimizer state one rank holds after a step, from the "
     "tensors (a sharded backend's local shards), max over ranks.",
@@ -79,7 +69,7 @@ DEFINITIONS = [
     "gathered or scattered buffer), 1 (broadcast); #wrong = elements differing from the exact expected result.",
     "cost model: per backend, launcher and process count, allreduce time T = a(n)·α + b(n)·S/B fitted to the "
     "raw library's sweep times (weighted least squares on relative error; ring for gloo, Open MPI's "
-    "Rabenseifner for horovod under mpirun); predicted step = compute (compute_ms, else the median no-sync "
+    "Rabenseifner for horovod under mpirun); predicted step = compute (the median no-sync "
     "step) + the modelled time of the messages the backend sends (DDP buckets, horovod fusion buffers, fsdp "
     "all-gathers and reduce-scatters), no overlap; prediction error = predicted / measured median - 1. The "
     "projection carries the same to N hosts: it is computed, not measured.",

@@ -1,6 +1,6 @@
 """The answer on one screen: the verdict first, one line per model, then a compact table.
 
-Everything else (every table, the collectives sweep, the step breakdown, the cost model, the
+Everything else (every table, the collectives sweep, the cost model, the
 commands) is in results.md, the CSV files, results.json and the plots.
 
     mlp, 2 processes: horovod·mpirun 1.18× [1.10, 1.26] the throughput of ddp-gloo·torchrun;

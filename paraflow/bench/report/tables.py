@@ -20,17 +20,6 @@ intervals, efficiency against the compiled single row. Compile s is the slowest 
 where torch.compile compiles, run before warm-up and never timed: the median over launches, with
 their lowest and highest.
 
-Step breakdown
---------------
-
-Each rank records, per pair of interleaved steps with and without gradient sync, the parts of its
-synced step (rank/train_loop.py); one process records them for every timed step and communicates
-nothing. Per pair the slowest rank's synced step is the step (a step takes as long as its slowest
-rank) and its parts are that rank's; other = step - compute - exposed - optimizer, so the parts
-add up to that step pair by pair. Per launch each part is the median over pairs; the row shows the
-median over launches with its interval across launches, as every other figure. Overlapped
-communication lies inside compute's time and is not one of the summed parts.
-
 Collectives
 -----------
 
@@ -68,10 +57,6 @@ __all__ = [
     "format_value",
     "format_cell",
     "csv_columns",
-    "BREAKDOWN_COLUMNS",
-    "SUMMED",
-    "launch_parts",
-    "breakdown_estimates",
 ]
 
 PERCENT_KEYS = {
@@ -231,50 +216,6 @@ def render(rows: list, columns: dict, fmt: str = "simple", drop: tuple = (), max
     return tabulate(body, headers=[columns[k] for k in keys], tablefmt=fmt, disable_numparse=True)
 
 
-BREAKDOWN_COLUMNS = {
-    "compute_ms": "compute ms",
-    "overlapped_comm_ms": "overlapped comm ms",
-    "exposed_comm_ms": "exposed comm ms",
-    "optimizer_ms": "optimizer ms",
-    "other_ms": "other ms",
-}
-#: The parts that add up to the step (overlapped communication runs during compute).
-SUMMED = ("compute_ms", "exposed_comm_ms", "optimizer_ms", "other_ms")
-_RAW = {"compute_ms": "compute_s", "overlapped_comm_ms": "overlapped_comm_s", "exposed_comm_ms": "exposed_comm_s"}
-_RAW["optimizer_ms"] = "optimizer_s"
-
-
-def launch_parts(tasks: list) -> Optional[dict]:
-    """Column key -> per-pair seconds of one launch (slowest rank per pair), or None without a breakdown."""
-    parts = [t.get("breakdown") for t in tasks]
-    if any(p is None or not p.get("step_s") for p in parts):
-        return None
-    pairs = len(parts[0]["step_s"])
-    if any(len(p["step_s"]) != pairs for p in parts):
-        raise ValueError(f"ranks recorded different numbers of breakdown pairs: {[len(p['step_s']) for p in parts]}")
-    slowest = [max(parts, key=lambda p, i=i: p["step_s"][i]) for i in range(pairs)]
-    out: dict = {"step": [p["step_s"][i] for i, p in enumerate(slowest)]}
-    for key, raw in _RAW.items():
-        out[key] = None if any(p[raw] is None for p in parts) else [p[raw][i] for i, p in enumerate(slowest)]
-    out["other_ms"] = [
-        step - out["compute_ms"][i] - out["exposed_comm_ms"][i] - out["optimizer_ms"][i]
-        for i, step in enumerate(out["step"])
-    ]
-    return out
-
-
-def breakdown_estimates(per_launch: list, *key) -> dict:
-    """Column key -> Estimate (seconds) over launches, None for a part some launch could not measure."""
-    if not per_launch or any(p is None for p in per_launch):
-        return {}
-    return {
-        column: None
-        if any(p[column] is None for p in per_launch)
-        else intervals.estimate([p[column] for p in per_launch], "median", "breakdown", column, *key)
-        for column in BREAKDOWN_COLUMNS
-    }
-
-
 # key -> header shown on the terminal and in Markdown; CSV uses the keys (and key_low / key_high).
 TRAINING_COLUMNS = {
     "model": "model",
@@ -300,7 +241,6 @@ TRAINING_COLUMNS = {
     "speedup": "speedup",
     "scaling_efficiency": "scaling eff",
     "comm_overhead": "comm overhead",
-    **BREAKDOWN_COLUMNS,
     "warmup_steps": "warm-up steps",
     "compile_s": "compile s",
     "peak_cuda_mb": "peak CUDA MB/rank",
@@ -393,8 +333,6 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
     _put(row, "samples_per_s", x, 1, 1)
     _put(row, "samples_per_s_per_process", x, 1 / first["nproc"], 1)
     _put(row, "comm_overhead", comm, 1, 4)
-    for column, est in breakdown_estimates([launch_parts(t) for _, t in found], *key).items():
-        _put(row, column, est, 1e3, 3)
     row.update(
         model=t0["model"],
         batch_per_rank=t0["batch_per_rank"],
