@@ -7,7 +7,6 @@ import shutil
 import sys
 import time
 from collections import Counter
-from contextlib import closing
 from pathlib import Path
 from typing import Optional
 
@@ -73,7 +72,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
 
     start = time.monotonic()
     tracker = LaunchProgress(progress, len(matrix.cells), start)
-    with bench_cluster(config) as cluster, closing(tracker):
+    with bench_cluster(config) as cluster:
         if cluster is not None:
             header["cluster"] = cluster_header(cluster)
             tracker.note(cluster_line(header["cluster"]))
