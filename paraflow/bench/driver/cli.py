@@ -13,20 +13,7 @@ import argparse
 import sys
 from dataclasses import fields
 
-from ...tools.flags import renamed
-
-__all__ = ["add_arguments", "config_from_args", "run_from_args", "split_models", "RENAMED"]
-
-#: Old spelling -> new spelling; an old one is an error naming the new one.
-RENAMED = {
-    "--backends": "--backend",
-    "--launchers": "--launcher",
-    "--models": "--model",
-    "--project-only": "paraflow bench project RUN",
-    "--steps": "--window-steps",
-    "--timeout": "--launch-timeout",
-    "--cluster": "--nodes",
-}
+__all__ = ["add_arguments", "config_from_args", "run_from_args", "split_models"]
 
 
 def _list(text: str) -> list:
@@ -235,9 +222,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     output = p.add_argument_group("output")
     output.add_argument("--out", default="bench-results", help="results folder (default: bench-results)")
     output.add_argument("--no-plots", dest="plots", action="store_false", help="skip throughput.png")
-
-    for old, new in RENAMED.items():
-        renamed(p, old, use=new)
 
     modes = p.add_subparsers(
         dest="mode",
