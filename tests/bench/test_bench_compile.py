@@ -88,7 +88,7 @@ def test_the_compile_axis_doubles_the_cells_and_reaches_the_worker():
         "single-python-1-compiled",
     ]
     for cell in matrix.cells:
-        assert ("--compile" in worker_args(cell, config, ROOT)) is cell.compiled
+        assert json.loads(worker_args(cell, config, ROOT)[3])["compile"] is cell.compiled
 
 
 @pytest.mark.parametrize(

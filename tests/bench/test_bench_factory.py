@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -112,8 +113,7 @@ def test_ranks_get_the_shape_classes_and_the_current_directory(tmp_path, monkeyp
 
     config = BenchConfig(models=["bench_factories:bare"], input_shape=(3, 8, 8), classes=5, plots=False)
     cell = Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models))
-    args = worker_args(cell, config, tmp_path)
-    assert args[args.index("--input-shape") + 1] == "3,8,8" and args[args.index("--classes") + 1] == "5"
-    assert args[args.index("--model") + 1] == "bench_factories:bare"
+    task = json.loads(worker_args(cell, config, tmp_path)[3])
+    assert task["input_shape"] == [3, 8, 8] and task["classes"] == 5 and task["models"] == ["bench_factories:bare"]
     monkeypatch.chdir(tmp_path)
     assert str(tmp_path) in cell_env(cell, timeout=60)["PYTHONPATH"].split(":")

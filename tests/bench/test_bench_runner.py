@@ -1,5 +1,7 @@
 """What each launch is given: worker arguments, environment, and the command line that is recorded."""
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -56,16 +58,17 @@ def test_command_line_shows_what_the_launch_sets_and_removes():
     assert command_line(["python", "w.py"], {"A": "1"}) == "A=1 python w.py"
 
 
-def test_worker_arguments_per_kind():
+def test_the_worker_gets_the_cells_task_from_the_config():
     config = BenchConfig(models=["mlp:width=16", "cnn"], steps=3, min_window=0.5, sizes=[4096, 16384])
-    train = worker_args(
-        Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), sweep=True), config, Path("/o")
-    )
-    assert train[train.index("--model") + 1] == "mlp:width=16" and train.count("--model") == 2
-    assert train[train.index("--sweep-sizes") + 1] == "4096,16384"
-    assert train[train.index("--collectives") + 1] == "allreduce"
-    assert train[train.index("--scaling") + 1] == "weak"
-    assert train[train.index("--min-window") + 1] == "0.5" and train[train.index("--steps") + 1] == "3"
+    cell = Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), sweep=True)
+    out, task = worker_args(cell, config, Path("/o"))[1::2]
+    task = json.loads(task)
+    assert out == "/o" and task["backend"] == "ddp-gloo" and task["models"] == ["mlp:width=16", "cnn"]
+    assert task["sweep_sizes"] == [4096, 16384] and task["collectives"] == ["allreduce"]
+    assert task["scaling"] == ["weak"] and task["min_window"] == 0.5 and task["steps"] == 3
+    assert task["compile"] is False and task["classes"] == 10 and task["input_shape"] is None
+    unswept = json.loads(worker_args(replace(cell, sweep=False), config, Path("/o"))[3])
+    assert unswept["sweep_sizes"] == []
 
 
 def test_missing_tabulate_or_matplotlib_says_how_to_install(monkeypatch):

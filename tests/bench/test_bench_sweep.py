@@ -4,7 +4,11 @@ import pytest
 import torch
 from conftest import launch_ok, read_rank_json, requires_horovod
 
-SIZES = "4096,65536"
+from paraflow.bench.driver.config import BenchConfig
+from paraflow.bench.driver.matrix import Cell
+from paraflow.bench.driver.runner import worker_args
+
+SIZES = [4096, 65536]
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 
 
@@ -13,8 +17,9 @@ COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
     "backend, launcher", [("ddp-gloo", "torchrun"), pytest.param("horovod", "mpirun", marks=requires_horovod)]
 )
 def test_every_collective_is_exact_on_every_rank(backend, launcher, tmp_path):
-    script = ["-m", "paraflow.bench.rank.worker", "--out", tmp_path, "--backend", backend, "--sweep-sizes", SIZES]
-    script += ["--collectives", ",".join(COLLECTIVES)]
+    config = BenchConfig(models=["mlp:width=16"], sizes=SIZES, collectives=list(COLLECTIVES), aa_check=False)
+    cell = Cell("train", backend, launcher, 2, 1, (), sweep=True)  # no model: the sweep alone
+    script = ["-m", "paraflow.bench.rank.worker", *worker_args(cell, config, tmp_path)]
     launch_ok(launcher, 2, script, timeout=200)
     for result in read_rank_json(tmp_path, 2):
         sweep = result["tasks"]["sweep"]

@@ -107,35 +107,17 @@ def command_line(command: list, env: dict) -> str:
     return shlex.join((["env", *unset] if unset else []) + assign + list(command))
 
 
+#: The BenchConfig fields a rank reads (train_loop.run_training's settings), as they are.
+TASK_FIELDS = ("data", "batch_size", "warmup", "max_warmup", "steps", "min_window", "seed", "scaling")
+TASK_FIELDS += ("input_shape", "classes", "collectives")
+
+
 def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
-    """The worker's arguments for `cell` (everything after the module name)."""
-    args = [
-        "--out",
-        str(out_dir),
-        "--backend",
-        cell.backend,
-        "--data",
-        config.data,
-        "--batch-size",
-        str(config.batch_size),
-        "--warmup",
-        str(config.warmup),
-        "--seed",
-        str(config.seed),
-    ]
-    args += ["--steps", str(config.steps), "--min-window", str(config.min_window)]
-    args += ["--max-warmup", str(config.max_warmup), "--scaling", ",".join(config.scaling)]
-    for spec in cell.models:
-        args += ["--model", str(spec)]
-    if config.input_shape:
-        args += ["--input-shape", ",".join(map(str, config.input_shape))]
-    if any(spec.kind == "factory" for spec in cell.models):
-        args += ["--classes", str(config.classes)]
-    args += ["--compile"] if cell.compiled else []
-    if cell.sweep:
-        args += ["--sweep-sizes", ",".join(map(str, config.sizes))]
-        args += ["--collectives", ",".join(config.collectives)]
-    return args
+    """The worker's arguments for `cell` (everything after the module name): its folder and its task."""
+    task = {key: getattr(config, key) for key in TASK_FIELDS}
+    task.update(backend=cell.backend, models=[str(m) for m in cell.models], compile=cell.compiled)
+    task["sweep_sizes"] = config.sizes if cell.sweep else []
+    return ["--out", str(out_dir), "--task", json.dumps(task, separators=(",", ":"))]
 
 
 def worker_entry(cell: Cell, config: BenchConfig, out_dir: Path) -> list:

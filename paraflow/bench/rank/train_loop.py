@@ -170,8 +170,9 @@ def timed_steps(warm_step_s: list, min_steps: int, min_window_s: float) -> int:
 def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> dict:
     """Time the steps of `spec` under `backend` after a warm-up; this rank's numbers.
 
-    `settings` carries the worker's arguments: data, batch_size, warmup (steps, at least),
-    max_warmup (seconds), steps, min_window (seconds), seed. `scaling` "weak" gives every rank
+    `settings` carries the worker's task (BenchConfig's fields of driver/runner.py's TASK_FIELDS,
+    and compile): data, batch_size, warmup (steps, at least), max_warmup (seconds), steps,
+    min_window (seconds), seed, input_shape, classes. `scaling` "weak" gives every rank
     `batch_size` samples per step; "strong" splits a global batch of `batch_size` over the
     ranks. Warm-up runs until step times settle (warm_up, below). The timed window has at least
     `steps` steps and lasts at least about `min_window`; then, for multi-process backends, half
@@ -200,7 +201,7 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         module = build_model(spec.name, in_shape, classes, **spec.kwargs)
     else:  # your factory: its own batch, or a synthetic one of --input-shape (factory.py)
         reset_peak_memory(device)
-        input_shape, classes = getattr(settings, "input_shape", None), getattr(settings, "classes", 10)
+        input_shape, classes = settings.input_shape, settings.classes
         built = build_factory(spec, input_shape, classes, step_batch, seed, device)
         module, loss_fn = built.module, built.loss
         inputs, targets = built.inputs, built.targets
@@ -209,7 +210,7 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         step_batch = per_rank = batch_samples(inputs)
         batches = itertools.repeat((inputs, targets))
     facts = model_facts(module)
-    compiled = bool(getattr(settings, "compile", False))
+    compiled = bool(settings.compile)
     model = backend.wrap_model(module, **({"compile": True} if compiled else {}))  # a plugin may predate compile=
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
     step = make_step(model, optimizer, device, loss_fn)
