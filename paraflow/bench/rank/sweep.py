@@ -79,19 +79,26 @@ def count_wrong(result, want: torch.Tensor) -> int:
 
 def _call(collective: str, backend, raw, n: int, count: int, device) -> tuple:
     """(which call, its buffer's length, the call on a buffer) for `collective`; count = elements per rank."""
-    impl, lib = ("raw", raw) if raw is not None else ("paraflow", None)
-    if collective in ("allreduce", "broadcast"):
-        if lib is None:
-            public = backend.allreduce_ if collective == "allreduce" else backend.broadcast_
-            return impl, count, lambda t: public(t, "sum" if collective == "allreduce" else 0)
-        return impl, count, lib.allreduce_ if collective == "allreduce" else lambda t: lib.broadcast_(t, 0)
+    if raw is None:  # no raw library named: paraflow's public calls
+        public = {
+            "allreduce": lambda t: backend.allreduce_(t, "sum"),
+            "broadcast": lambda t: backend.broadcast_(t, 0),
+            "allgather": lambda t: backend.allgather(t),
+        }
+        if collective not in public:
+            raise ValueError(f"no {collective} to time under {backend.name}: paraflow has no public {collective}")
+        return "paraflow", count, public[collective]
+    if collective == "allreduce":
+        return "raw", count, raw.allreduce_
+    if collective == "broadcast":
+        return "raw", count, lambda t: raw.broadcast_(t, 0)
     if collective == "allgather":
         out = torch.empty(count * n, device=device)
-        return impl, count, backend.allgather if lib is None else lambda t: lib.allgather(t, out)
-    if collective == "reduce_scatter" and lib is not None:
+        return "raw", count, lambda t: raw.allgather(t, out)
+    if collective == "reduce_scatter":
         out = torch.empty(count, device=device)
-        return impl, count * n, lambda t: lib.reduce_scatter(t, out)
-    raise ValueError(f"no {collective} to time under {backend.name} (paraflow has no public reduce_scatter)")
+        return "raw", count * n, lambda t: raw.reduce_scatter(t, out)
+    raise ValueError(f"unknown collective {collective!r}")
 
 
 def _timed(call, buffer, device) -> float:
