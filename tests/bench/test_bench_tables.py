@@ -336,6 +336,16 @@ def test_sweep_rows_keep_the_planned_launches_only():
     assert row["status"] == "ok" and row["launches"] == 2 and row["time_us"] == 3000.0
 
 
+def test_an_older_runs_sweep_is_read_from_its_raw_side():
+    older = [ddp(1, 1.0), ddp(2, 2.0)]  # its rows also held paraflow's side and other element types
+    for cell in older:
+        for r in cell["ranks"]:
+            rows = r["tasks"]["sweep"]["rows"]
+            rows += [{**rows[0], "impl": "public", "round_s": [9.0, 9.0]}, {**rows[0], "dtype": "float16"}]
+    (row,) = build_tables(older)["sweep"]
+    assert row["impl"] == "raw" and row["time_us"] == 3000.0
+
+
 class _Launched:
     """What run_cells returns for one launch, as far as extra_launches reads it."""
 

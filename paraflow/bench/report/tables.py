@@ -497,6 +497,8 @@ def _rows_of(group: str, found: list, ident: dict) -> tuple[list, list]:
     for launch, tasks in enumerate(found):
         for rank_task in tasks:
             for r in rank_task["rows"]:
+                if r.get("impl") == "public" or r.get("dtype", "float32") != "float32":
+                    continue  # an older run's paraflow side of a size, or another element type
                 slot = keyed.setdefault(r["collective"], {}).setdefault(r["bytes"], {"count": r["count"], "wrong": 0})
                 slot.setdefault("time", {}).setdefault(launch, []).append(r.get("round_s") or [r["time_s"]])
                 slot["impl"], slot["wrong"] = r.get("impl"), slot["wrong"] + r["wrong"]
