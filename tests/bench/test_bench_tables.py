@@ -347,7 +347,8 @@ def test_an_older_runs_sweep_is_read_from_its_raw_side():
 
 
 def test_an_older_runs_tuning_and_trace_launches_stay_out_of_the_rows():
-    older = [single(1, [0.5, 0.5, 0.5], 1.5, tag=tag) for tag in ("trace", "tune-bucket_cap_mb=1")]
+    older = [single(1, [0.5, 0.5, 0.5], 1.5, tag="trace")]
+    older += [{**single(1, [0.5, 0.5, 0.5], 1.5, tag="tune-bucket_cap_mb=1"), "options": {"bucket_cap_mb": 1}}]
     rows = build_tables(CELLS + older)["training"]
     assert [r["step_ms_median"] for r in rows] == [r["step_ms_median"] for r in build_tables(CELLS)["training"]]
 

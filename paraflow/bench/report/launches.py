@@ -47,10 +47,11 @@ AA_TAG = "aa"
 
 def groups(cells: list, kind: str, aa: bool = False) -> dict:
     """group name -> the launches of that cell (records of `kind`), in launch order; the A/A
-    check's launches only with `aa`, and then only they (never an older run's tuning or trace launches)."""
+    check's launches only with `aa`, and then only they; never an older run's tuning or trace launches."""
     found: dict = {}
     for cell in cells:
-        if cell["kind"] == kind and cell.get("tag", "") == (AA_TAG if aa else ""):
+        older = cell.get("options") or cell.get("tag") == "trace"
+        if cell["kind"] == kind and (cell.get("tag", "") == AA_TAG) == aa and not older:
             found.setdefault(cell.get("group", cell["id"]), []).append(cell)
     return found
 
