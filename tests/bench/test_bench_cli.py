@@ -1,4 +1,4 @@
-"""`paraflow bench`'s flags: comma lists or repeats, the project mode as a subcommand."""
+"""`paraflow bench`'s flags: comma lists or repeats, modes as subcommands, old spellings still working."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from paraflow.bench.driver.cli import add_arguments, config_from_args, split_models
+from paraflow.bench.driver.cli import RENAMED, add_arguments, config_from_args, split_models
 from paraflow.errors import ConfigurationError
 
 
@@ -43,6 +43,29 @@ def test_script_arguments_after_the_double_dash_stay_the_scripts():
     )
     with pytest.raises(ConfigurationError, match="add --script PATH"):
         config_from_args(parse("--", "--epochs", "3"))
+
+
+NEW_SPELLINGS = {  # how each old spelling is written today, with the same values
+    "--backends": (["--backends", "ddp-gloo,single"], ["--backend", "ddp-gloo,single"]),
+    "--launchers": (["--launchers", "torchrun", "--launchers", "mpirun"], ["--launcher", "torchrun,mpirun"]),
+    "--models": (["--models", "mlp"], ["--model", "mlp"]),
+    "--project-only": (["--project-only", "A"], ["project", "A"]),
+    "--steps": (["--steps", "5"], ["--window-steps", "5"]),
+    "--timeout": (["--timeout", "30"], ["--launch-timeout", "30"]),
+    "--cluster": (["--cluster", "2"], ["--nodes", "2"]),
+}
+
+
+def test_every_old_spelling_has_its_case():
+    assert set(NEW_SPELLINGS) == set(RENAMED)
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_an_old_spelling_runs_as_the_new_one_with_a_note(old, capsys):
+    old_argv, new_argv = NEW_SPELLINGS[old]
+    parsed = parse(*old_argv)
+    assert f"note: {old} was renamed: use {RENAMED[old]}" in capsys.readouterr().err
+    assert vars(parsed) == vars(parse(*new_argv))
 
 
 def test_every_flag_has_help():

@@ -13,7 +13,20 @@ import argparse
 import sys
 from dataclasses import fields
 
-__all__ = ["add_arguments", "config_from_args", "run_from_args", "split_models"]
+from ...tools.flags import renamed
+
+__all__ = ["add_arguments", "config_from_args", "run_from_args", "split_models", "RENAMED"]
+
+#: Old spelling -> new spelling; an old one is an error naming the new one.
+RENAMED = {
+    "--backends": "--backend",
+    "--launchers": "--launcher",
+    "--models": "--model",
+    "--project-only": "paraflow bench project RUN",
+    "--steps": "--window-steps",
+    "--timeout": "--launch-timeout",
+    "--cluster": "--nodes",
+}
 
 
 def _list(text: str) -> list:
@@ -222,6 +235,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     output = p.add_argument_group("output")
     output.add_argument("--out", default="bench-results", help="results folder (default: bench-results)")
     output.add_argument("--no-plots", dest="plots", action="store_false", help="skip throughput.png")
+
+    for old, new in RENAMED.items():
+        renamed(p, old, use=new)
 
     modes = p.add_subparsers(
         dest="mode",
