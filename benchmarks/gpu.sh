@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # A short GPU benchmark (under 5 minutes) for a machine with NVIDIA GPUs and a CUDA build of torch:
 # single, dp, ddp-nccl and horovod (when built with NCCL) at 1 process and one per GPU, every
-# model (2 launches per cell), the allreduce sweep up to 256 MB next to the GPU's own copy
-# bandwidth, and the abstraction overhead against raw DDP over NCCL. The CPU transports are left
+# model (2 launches per cell) and the allreduce sweep up to 256 MB. The CPU transports are left
 # to `make bench`.
 #
 # Usage: benchmarks/gpu.sh [OUT] [extra paraflow-bench options]   (default OUT: bench-results-gpu)

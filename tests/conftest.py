@@ -29,7 +29,6 @@ LONG_SETS = {
     "tests/bench/test_bench_scratch.py",
     "tests/bench/test_bench_screen.py",
     "tests/bench/test_bench_script.py",
-    "tests/bench/test_bench_trace.py",
     "tests/backends/fsdp/test_fsdp_checkpoint.py",
     "tests/backends/fsdp/test_fsdp_train_script.py",
     "tests/docs/test_porting_guide.py",

@@ -1,9 +1,9 @@
-"""What the benchmark knows about each backend, in one table keyed by the registered name: its
-hand-written loop, whose collectives it shares, when a default run leaves it out, whether its
+"""What the benchmark knows about each backend, in one table keyed by the registered name: its raw
+library's collectives, whose collectives it shares, when a default run leaves it out, whether its
 no-sync step still communicates, and its cost model (the messages a step sends, the allreduce
 algorithm per transport, a fixed wait per operation). The backends themselves know nothing of the
-benchmark. A backend registered elsewhere runs like any other; it has no hand-written loop to
-compare with, and the cost model says it has no model for it instead of predicting no communication.
+benchmark. A backend registered elsewhere runs like any other; the sweep has no raw library call
+to set beside its own, and the cost model says it has no model for it instead of predicting no communication.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["BenchFacts", "FACTS", "facts", "raw_loop", "collectives_key", "skip_reason", "no_sync_communicates"]
+__all__ = ["BenchFacts", "FACTS", "facts", "raw_loop", "collectives_key", "skip_reason"]
 
 #: Seconds horovod's background thread waits between cycles (HOROVOD_CYCLE_TIME's default since 0.21).
 HOROVOD_CYCLE_S = 1e-3
@@ -23,7 +23,7 @@ HOROVOD_CYCLE_S = 1e-3
 class BenchFacts:
     """One backend as the benchmark sees it."""
 
-    #: "module:Class" of the same training set up by hand on the raw library (the abstraction overhead).
+    #: "module:Class" calling the raw library's collectives, beside paraflow's in the sweep.
     raw_loop: Optional[str] = None
     #: Whose code runs the public collectives: backends with the same owner are swept once per transport.
     collectives: str = "own"
@@ -50,7 +50,7 @@ FACTS: dict[str, BenchFacts] = {
     "ddp-gloo": _DDP,
     "ddp-nccl": _DDP,
     "fsdp": BenchFacts(
-        raw_loop=_BACKENDS + "fsdp.raw_loop:RawFSDP",
+        raw_loop=_BACKENDS + "ddp.raw_loop:RawDDP",
         collectives="torch.distributed",
         no_sync_communicates=True,
         messages="sharded",
@@ -70,7 +70,7 @@ def facts(name: str) -> Optional[BenchFacts]:
 
 
 def raw_loop(name: str) -> Optional[Any]:
-    """A new hand-written loop for backend `name`, or None where it has none."""
+    """A new raw-library caller for backend `name`, or None where it has none."""
     known = facts(name)
     if known is None or known.raw_loop is None:
         return None
@@ -96,9 +96,3 @@ def skip_reason(name: str, cuda_devices: int) -> Optional[str]:
     if known is not None and known.needs_gpu and not cuda_devices:
         return f"no GPU: {name} would be a pass-through of single (ask for it with --backend {name})"
     return None
-
-
-def no_sync_communicates(name: str) -> bool:
-    """Whether a step of backend `name` under ``no_sync`` still communicates."""
-    known = facts(name)
-    return known is not None and known.no_sync_communicates

@@ -1,5 +1,5 @@
 """The benchmark's words shared by its driver, its ranks and its report: what one training task runs
-(a model spec, as text on the command line and in the results) and a backend option's value."""
+(a model spec, as text on the command line and in the results)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigurationError
 
-__all__ = ["ModelSpec", "SCRIPT_PREFIX", "option_value"]
+__all__ = ["ModelSpec", "SCRIPT_PREFIX"]
 
 
 @dataclass(frozen=True)
@@ -83,20 +83,3 @@ def _options(text: str, rest: str, integers: bool) -> tuple:
             raise ConfigurationError(f"model option {item!r} in {text!r} is not key={kind} (e.g. {example}).")
         options.append((key, int(value) if integers else value))
     return tuple(options)
-
-
-def option_value(text: str):
-    """A knob value from the command line: true/false, an integer or a number."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    try:
-        return int(lowered)
-    except ValueError:
-        pass
-    try:
-        return float(lowered)
-    except ValueError:
-        raise ConfigurationError(
-            f"tuning value {text!r} is not true/false or a number (e.g. bucket_cap_mb=1,25)."
-        ) from None

@@ -6,7 +6,7 @@ hosts). A flag renamed to fit keeps its old spelling as an alias of the new one:
 
     renamed(parser, "--timeout", use="--job-timeout")
     renamed(check, "--backend", use="paraflow check comm --backend")    # moved into a subcommand
-    renamed(bench, "--compare", use="paraflow bench compare RUN_A RUN_B")  # became a mode
+    renamed(bench, "--project-only", use="paraflow bench project RUN")  # became a mode
 
 ``paraflow run --timeout 5`` then runs as ``paraflow run --job-timeout 5`` and prints
 ``paraflow run: note: --timeout was renamed: use --job-timeout (the old spelling goes in the next

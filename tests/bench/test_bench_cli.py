@@ -29,11 +29,9 @@ def test_model_commas_split_specs_but_not_their_options():
     assert args.model == ["mlp", "cnn", "transformer:width=16,depth=1"]
 
 
-def test_modes_are_subcommands():
-    args = parse("compare", "A", "B")
-    assert args.mode == "compare" and args.runs == ["A", "B"]
-    args = parse("project", "R", "--no-plots")
-    assert args.mode == "project" and args.run == "R" and args.plots is False
+def test_project_is_a_subcommand():
+    args = parse("project", "R")
+    assert args.mode == "project" and args.run == "R"
 
 
 def test_script_arguments_after_the_double_dash_stay_the_scripts():
@@ -51,7 +49,6 @@ NEW_SPELLINGS = {  # how each old spelling is written today, with the same value
     "--backends": (["--backends", "ddp-gloo,single"], ["--backend", "ddp-gloo,single"]),
     "--launchers": (["--launchers", "torchrun", "--launchers", "mpirun"], ["--launcher", "torchrun,mpirun"]),
     "--models": (["--models", "mlp"], ["--model", "mlp"]),
-    "--compare": (["--compare", "A", "B"], ["compare", "A", "B"]),
     "--project-only": (["--project-only", "A"], ["project", "A"]),
     "--steps": (["--steps", "5"], ["--window-steps", "5"]),
     "--timeout": (["--timeout", "30"], ["--launch-timeout", "30"]),

@@ -7,9 +7,9 @@ from paraflow.bench.driver.runner import command_line
 from paraflow.errors import ConfigurationError
 
 
-def test_a_cluster_run_has_one_rank_per_host_and_no_overhead_cells():
+def test_a_cluster_run_has_one_rank_per_host():
     config = BenchConfig(cluster=3, bandwidth="1gbit", nprocs=[1, 2, 4])
-    assert config.nprocs == [3] and config.overhead is False
+    assert config.nprocs == [3]
 
 
 @pytest.mark.parametrize(

@@ -1,40 +1,29 @@
-"""`paraflow bench` end to end: 2 steps, a repeated launch per cell, ddp-gloo against the single baseline,
-with a tiny tuning grid and a trace launch.
+"""`paraflow bench` end to end: 2 steps, a repeated launch per cell, ddp-gloo against the single baseline.
 
 The run's terminal tables, JSON, CSV, Markdown and plots must all be there, agree, and carry
-the 95% intervals over launches; the step breakdown must add up; the tuned row must be the
-fastest setting of its grid; the traces must be Chrome traces of every rank.
+the 95% intervals over launches.
 """
 
 import csv
 import json
-import os
-import statistics
 import sys
 
 import pytest
 from conftest import RANK_ENV, ROOT
 
-from paraflow.bench.rank.train_loop import trace_name
 from paraflow.bench.report.outputs import CSV_TABLES
 from paraflow.bench.report.tables import (
-    BREAKDOWN_COLUMNS,
-    MEMCPY_COLUMNS,
-    OVERHEAD_COLUMNS,
-    SUMMED,
+    SWEEP_COLUMNS,
     TRAINING_COLUMNS,
     build_tables,
     csv_columns,
     format_cell,
-    sweep_columns,
 )
 from paraflow.tools.launch import run_launch
 
 MODELS = ["mlp:width=16", "transformer:width=16,depth=1"]
 LABELS = ["mlp(width=16)", "transformer(width=16,depth=1)"]
 REPEAT = 2
-TUNE = ["--tune", "--tune-values", "bucket_cap_mb=1,25", "--tune-values", "gradient_as_bucket_view=false"]
-TUNED = [f"ddp-gloo-torchrun-2-tune-bucket_cap_mb={b}+gradient_as_bucket_view=False" for b in (1, 25)]
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +55,12 @@ def run(tmp_path_factory):
         "4K",
         "--max-bytes",
         "16K",
-        "--overhead-steps",
-        "6",
-        "--pin",
-        "on",
         "--scaling",
         "weak,strong",
         "--launch-timeout",
         "120",
         "--out",
         str(out),
-        *TUNE,
-        "--trace",
     ]
     env = {**RANK_ENV, "PARAFLOW_BACKEND": None, "RANK": None, "WORLD_SIZE": None}
     result = run_launch(cmd, timeout=420, env=env, cwd=str(ROOT))
@@ -86,12 +69,9 @@ def run(tmp_path_factory):
 
 
 EXPECTED_CELLS = {
-    "memcpy",
     "single-python-1-aa-r1",
     "single-python-1-aa-r2",
     *{f"{c}-r{r}" for c in ("single-python-1", "ddp-gloo-torchrun-2") for r in range(1, REPEAT + 1)},
-    "ddp-gloo-torchrun-2-trace",
-    *TUNED,
 }
 
 
@@ -101,21 +81,17 @@ def test_every_cell_ran_and_every_column_is_filled(run):
     assert {c["id"] for c in results["cells"]} == EXPECTED_CELLS
     assert all(c["status"] == "ok" for c in results["cells"]), [c["error"] for c in results["cells"]]
     training = results["tables"]["training"]
-    # single, ddp-gloo and ddp-gloo's tuned row, weak and strong scaling
-    assert len(training) == 3 * len(MODELS) * 2
+    # single and ddp-gloo, weak and strong scaling
+    assert len(training) == 2 * len(MODELS) * 2
     for row in training:
         assert set(TRAINING_COLUMNS) <= set(row) and row["status"] == "ok" and row["model"] in LABELS
         optional = {"comm_overhead"} if row["backend"] == "single" else set()
         optional |= {"peak_cuda_mb"} if row["device"] == "cpu" else set()
         optional |= {"speedup"} if row["scaling"] == "weak" else set()
         optional |= {"compile_s"} if row["compiled"] == "no" else set()
-        no_prediction = row["processes"] == 1 or row.get("setting", "default") != "default"  # no sweep; tuned
-        optional |= {"predicted_step_ms", "prediction_error"} if no_prediction else set()
+        optional |= {"predicted_step_ms", "prediction_error"} if row["processes"] == 1 else set()  # no sweep
         assert all(row[k] is not None for k in TRAINING_COLUMNS if k not in optional), row
-        assert (
-            row["launches"] == (REPEAT if row["setting"] == "default" else 1)
-            and row["global_batch"] == row["batch_per_rank"] * row["processes"]
-        )
+        assert row["launches"] == REPEAT and row["global_batch"] == row["batch_per_rank"] * row["processes"]
         assert row["global_batch"] == (32 if row["scaling"] == "strong" else 32 * row["processes"])
         for key in ("step_ms_median", "samples_per_s", "scaling_efficiency"):
             assert row[f"{key}_low"] <= row[key] <= row[f"{key}_high"], (key, row)
@@ -131,28 +107,10 @@ def test_every_cell_ran_and_every_column_is_filled(run):
                 ]
                 assert len(losses) == REPEAT and max(losses) - min(losses) <= 1e-5, (cell_id, r, losses)
     assert results["header"]["noise_floor"]["spread"] is not None
-    probe = results["header"]["speed_probe"]  # the machine's own speed after every launch
-    assert probe["count"] == len(results["cells"]) and all(c["probe_ms"] > 0 for c in results["cells"])
-    assert probe["min_ms"] <= probe["median_ms"] <= probe["max_ms"]
-    assert "compute pinned to cores of its own" in results["header"]["binding"]
-    # pinned after the backend started: gloo's threads, started before, stay free to use any core
-    ddp_ranks = [r for c in results["cells"] if c["group"] == "ddp-gloo-torchrun-2" for r in c["ranks"]]
-    several_cores = len(os.sched_getaffinity(0)) > 1  # with one core, every thread runs on it anyway
-    assert ddp_ranks and all(r["free_threads"] >= several_cores for r in ddp_ranks)
-    # gloo's polling event loop yields its core to any other thread (pinning.py)
-    assert all(r["idle_loops"] >= 1 for r in ddp_ranks)
-    assert "gloo's event loop at idle priority" in results["header"]["binding"]
     sweep = results["tables"]["sweep"]
     assert {r["size_bytes"] for r in sweep} == {4096, 16384} and len(sweep) == 2
-    assert all(r["wrong"] == 0 and r["busbw"] > 0 and r["raw_busbw"] > 0 and r["vs_raw"] > 0 for r in sweep)
+    assert all(r["wrong"] == 0 and r["busbw"] > 0 and r["impl"] == "raw" for r in sweep)
     assert all(r["busbw_low"] <= r["busbw"] <= r["busbw_high"] for r in sweep)
-    (overhead,) = results["tables"]["overhead"]
-    assert overhead["pairs"] == 6 and overhead["within_target"]
-    # measured in the last planned launch, after that launch's training, by every rank
-    (carried,) = [c for c in results["cells"] if c.get("overhead")]
-    assert carried["id"] == f"ddp-gloo-torchrun-2-r{REPEAT}"
-    assert all({"overhead", f"train/{MODELS[0]}"} <= set(r["tasks"]) for r in carried["ranks"])
-    assert carried["ranks"][0]["tasks"]["overhead"]["seconds_allowed"] > 0
     assert results["verdict"] == results["tables"]["verdict"] and len(results["verdict"]) >= len(MODELS)
     assert all(v["claim"] and v["text"] for v in results["verdict"])
 
@@ -175,11 +133,10 @@ def test_results_md_holds_the_header_every_table_and_the_commands(run):
     md = (run["out"] / "results.md").read_text()
     for header in ("torch ", "horovod ", "MPI: ", "CPU: ", "cores", "threads per process", "GB = 1e9 bytes"):
         assert header in md
-    assert "noise floor (A/A check:" in md and "binding: each rank's compute pinned" in md
-    assert f"after each of {len(results['cells'])} launches): median" in md  # the machine speed probe
+    assert "noise floor (A/A check:" in md
     for command in results["header"]["commands"]:
         assert command in md
-    for columns in (TRAINING_COLUMNS, sweep_columns(), MEMCPY_COLUMNS, OVERHEAD_COLUMNS):
+    for columns in (TRAINING_COLUMNS, SWEEP_COLUMNS):
         for key, header in columns.items():
             if key not in (
                 "model",
@@ -194,7 +151,6 @@ def test_results_md_holds_the_header_every_table_and_the_commands(run):
                 "grad_mb_per_step",
                 "speedup",
                 "collective",
-                "dtype",
                 "peak_cuda_mb",
                 "compiled",  # an eager-only run hides the compile columns
                 "compile_s",
@@ -295,137 +251,34 @@ def test_markdown_shows_the_same_values_and_the_plots(run):
     for footer in results["tables"]["sweep_footer"]:
         title = f"Allreduce float32: {footer['backend']} under {footer['launcher']}, {footer['processes']} processes"
         names, body = tables[title]
-        assert [r[names.index("paraflow busbw(GB/s)")] for r in body] == [
+        assert [r[names.index("busbw(GB/s)")] for r in body] == [
             format_cell("busbw", r) for r in results["tables"]["sweep"] if r["backend"] == footer["backend"]
         ]
-        assert (
-            f"Avg bus bandwidth : raw {footer['avg_raw_busbw']:g} GB/s, paraflow {footer['avg_busbw']:g} GB/s" in text
-        )
+        assert f"Avg bus bandwidth : {footer['avg_busbw']:g} GB/s" in text
     assert "## Verdict" in text and all(v["text"].replace("|", "\\|") in text for v in results["verdict"])
-    for plot in ("throughput.png", "busbw.png", "projection.png"):
-        assert f"![{plot}]({plot})" in text
+    assert "![throughput.png](throughput.png)" in text
 
 
 @pytest.mark.timeout(480)
-def test_plots_are_real_pngs_with_error_bars_from_the_intervals(run):
+def test_the_plot_is_a_real_png_with_error_bars_from_the_intervals(run):
     import matplotlib.image
     from matplotlib.container import ErrorbarContainer
 
-    from paraflow.bench.report.plots import busbw_figure, require_pyplot, throughput_figure
+    from paraflow.bench.report.plots import require_pyplot, throughput_figure
 
-    for plot in ("throughput.png", "busbw.png", "projection.png"):
-        path = run["out"] / plot
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        height, width = matplotlib.image.imread(str(path)).shape[:2]
-        assert width >= 800 and height >= 400
+    path = run["out"] / "throughput.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width = matplotlib.image.imread(str(path)).shape[:2]
+    assert width >= 800 and height >= 400
     tables, header = run["results"]["tables"], run["results"]["header"]
-    for fig, rows, key in (
-        (
-            throughput_figure(tables["training"], header),
-            [r for r in tables["training"] if r["scaling"] == "weak"],  # the figure shows weak scaling
-            "samples_per_s",
-        ),
-        (busbw_figure(tables["sweep"], tables["memcpy"], header, "GB/s"), tables["sweep"], "busbw"),
-    ):
-        bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
-        segments = [seg for c in bars for lines in c.lines[2] for seg in lines.get_segments()]
-        spans = sorted(round(float(abs(s[1][1] - s[0][1])), 6) for s in segments)  # each bar's low..high
-        want = sorted(round(r[f"{key}_high"] - r[f"{key}_low"], 6) for r in rows if r.get(f"{key}_low") is not None)
-        assert bars and all(any(abs(w - s) <= 1e-3 * max(1.0, w) for s in spans) for w in want), (spans, want)
-        require_pyplot().close(fig)
-
-
-def pairs_step_ms(cells: list, task: str) -> float:
-    """Median over launches of the median over pairs of the slowest rank's synced step, from the raw JSON."""
-    per_launch = []
-    for cell in cells:
-        steps = [r["tasks"][task]["breakdown"]["step_s"] for r in cell["ranks"]]
-        per_launch.append(statistics.median(max(column) for column in zip(*steps)))
-    return statistics.median(per_launch) * 1e3
-
-
-#: The breakdown's medians add up to the median synced step within this much (rounding to 0.001 ms
-#: aside); with one pair per launch and two launches every median is a mean, and the sum exact.
-ADD_UP = 0.01
-
-
-@pytest.mark.timeout(480)
-def test_step_breakdown_adds_up_and_single_shows_no_communication(run):
-    results = run["results"]
-    for row in results["tables"]["training"]:
-        assert all(row[k] is not None for k in BREAKDOWN_COLUMNS), row
-        assert row["compute_ms"] > 0 and row["optimizer_ms"] > 0, row
-        for key in BREAKDOWN_COLUMNS:
-            assert row[f"{key}_low"] <= row[key] <= row[f"{key}_high"], (key, row)
-        task = f"{'train-strong' if row['scaling'] == 'strong' and row['processes'] > 1 else 'train'}/"
-        task += next(m for m, label in zip(MODELS, LABELS) if label == row["model"])
-        if row["setting"] == "default":
-            group = f"{row['backend']}-{row['launcher']}-{row['processes']}"
-        else:
-            label = row["setting"].split(": ", 1)[1].split(" (best")[0]
-            group = next(
-                c["group"]
-                for c in results["cells"]
-                if c.get("options") and ", ".join(f"{k}={v}" for k, v in c["options"].items()) == label
-            )
-        cells = [c for c in results["cells"] if c["group"] == group]
-        step = pairs_step_ms(cells, task)
-        total = sum(row[k] for k in SUMMED)
-        assert abs(total - step) <= ADD_UP * step + 0.005, (row, step)
-        if row["backend"] == "single":
-            assert row["overlapped_comm_ms"] == 0 and row["exposed_comm_ms"] == 0, row
-    ddp = next(c for c in results["cells"] if c["id"] == "ddp-gloo-torchrun-2-r1")
-    breakdown = ddp["ranks"][1]["tasks"]["train/mlp:width=16"]["breakdown"]
-    assert set(breakdown) == {"compute_s", "overlapped_comm_s", "exposed_comm_s", "optimizer_s", "step_s"}
-    assert all(v >= 0 for v in breakdown["overlapped_comm_s"])  # gradient hooks fired under DDP
-    text = (run["out"] / "results.md").read_text()
-    assert "![breakdown.png](breakdown.png)" in text and "exposed comm ms" in text
-    assert (run["out"] / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
-
-
-@pytest.mark.timeout(480)
-def test_the_tuned_row_is_the_fastest_setting_of_its_grid(run):
-    results = run["results"]
-    grid = {"bucket_cap_mb=1, gradient_as_bucket_view=False", "bucket_cap_mb=25, gradient_as_bucket_view=False"}
-    for cell in results["cells"]:
-        if cell["id"] in TUNED:  # each setting reached the backend
-            assert cell["status"] == "ok" and all(r["options"] == cell["options"] for r in cell["ranks"])
-    tuned = [r for r in results["tables"]["training"] if r["setting"] != "default"]
-    assert len(tuned) == len(MODELS) * 2
-    for row in tuned:
-        assert row["backend"] == "ddp-gloo" and row["processes"] == 2
-        setting = row["setting"].split(": ", 1)[1].split(" (best")[0]
-        assert setting in grid and row["setting"].endswith("(best of 2)")
-        candidates = [
-            c for c in results["tables"]["tuning"] if c["model"] == row["model"] and c["scaling"] == row["scaling"]
-        ]
-        assert {c["setting"] for c in candidates} == grid
-        assert row["step_ms_median"] == min(c["step_ms_median"] for c in candidates)
-        (chosen,) = [c for c in candidates if c["chosen"]]
-        assert chosen["setting"] == setting and chosen["step_ms_median"] == row["step_ms_median"]
-    tuned_verdicts = [v for v in results["verdict"] if v.get("tuned")]
-    assert tuned_verdicts and all("tuned against tuned" in v["claim"] for v in tuned_verdicts)
-    assert any(v.get("tuned") is False for v in results["verdict"])
-
-
-@pytest.mark.timeout(480)
-def test_traces_are_chrome_traces_of_every_rank_linked_from_the_results(run):
-    results, out = run["results"], run["out"]
-    traces = results["traces"]
-    text = (out / "results.md").read_text()
-    for label in LABELS:
-        ranks = set()
-        for r in range(2):
-            (name,) = [t for t in traces if t.endswith(trace_name(label, r))]
-            assert name.startswith("traces/ddp-gloo-torchrun-2-trace/") and f"]({name})" in text
-            trace = json.loads((out / name).read_text())
-            assert trace["traceEvents"] and any(e.get("ph") == "X" for e in trace["traceEvents"])
-            ranks.add(trace["distributedInfo"]["rank"])
-        assert ranks == {0, 1}
-    trace_cell = next(c for c in results["cells"] if c["id"] == "ddp-gloo-torchrun-2-trace")
-    assert trace_cell["status"] == "ok" and not any(
-        r["launches"] > REPEAT for r in results["tables"]["training"]
-    )  # the trace launch stays out of the tables
+    fig = throughput_figure(tables["training"], header)
+    rows = [r for r in tables["training"] if r["scaling"] == "weak"]  # the figure shows weak scaling
+    bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    segments = [seg for c in bars for lines in c.lines[2] for seg in lines.get_segments()]
+    spans = sorted(round(float(abs(s[1][1] - s[0][1])), 6) for s in segments)  # each bar's low..high
+    want = sorted(round(r["samples_per_s_high"] - r["samples_per_s_low"], 6) for r in rows)
+    assert bars and all(any(abs(w - s) <= 1e-3 * max(1.0, w) for s in spans) for w in want), (spans, want)
+    require_pyplot().close(fig)
 
 
 @pytest.mark.timeout(480)
@@ -435,14 +288,13 @@ def test_the_cost_model_fits_the_sweep_predicts_the_rows_and_projects(run, tmp_p
     (fit,) = tables["costmodel_fit"]
     assert fit["backend"] == "ddp-gloo" and fit["algorithm"] == "ring" and fit["status"].startswith("ok")
     assert fit["alpha_us"] > 0 and fit["sizes"] == 2 and fit["rms_residual"] is not None
-    multi = [r for r in tables["training"] if r["processes"] == 2 and r.get("setting", "default") == "default"]
+    multi = [r for r in tables["training"] if r["processes"] == 2]
     assert len(multi) == 2 * len(MODELS) and len(tables["predictions"]) == len(multi)
     for row in multi:
         assert row["predicted_step_ms"] > 0
         assert row["prediction_error"] == pytest.approx(row["predicted_step_ms"] / row["step_ms_median"] - 1, abs=1e-3)
     projected = tables["projection"]
     assert {r["model"] for r in projected} == set(LABELS) and {r["hosts"] for r in projected} == {8, 32, 128}
-    assert [r["model"] for r in tables["published"]] == ["Inception V3", "ResNet-101", "VGG-16"]
     md = (run["out"] / "results.md").read_text()
     assert "PROJECTION to many hosts" in md and "prediction error" in md
     # `bench project` rebuilds the same from a copy of the folder, running nothing
@@ -456,4 +308,4 @@ def test_the_cost_model_fits_the_sweep_predicts_the_rows_and_projects(run, tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
     written = json.loads((tmp_path / "projection.json").read_text())
     assert written["projection"] == projected and written["costmodel_fit"] == tables["costmodel_fit"]
-    assert (tmp_path / "projection.png").read_bytes()[:4] == b"\x89PNG" and "Predicted against measured" in done.stdout
+    assert "Predicted against measured" in done.stdout

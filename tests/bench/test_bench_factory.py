@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -91,15 +92,6 @@ def test_strong_scaling_takes_this_ranks_share_of_the_batch():
         take(x, y, 0, 3)
 
 
-def test_config_turns_the_overhead_off_without_a_builtin_model():
-    config = BenchConfig(models=["bench_factories:pair"], plots=False)
-    assert config.overhead is False and config.overhead_model is None
-    config = BenchConfig(models=["bench_factories:pair", "mlp"], plots=False)
-    assert config.overhead and str(config.overhead_model) == "mlp"
-    with pytest.raises(ConfigurationError, match="--overhead-model .* built-in"):
-        BenchConfig(models=["mlp"], overhead_model="bench_factories:pair")
-
-
 def test_a_gpt2_from_a_config_trains_a_step():
     pytest.importorskip("transformers", reason="the GPT-2 example needs transformers (pip install transformers)")
     built = build_factory(spec("bench_factories:gpt2:layers=2"), None, 10, batch_size=2)
@@ -121,8 +113,7 @@ def test_ranks_get_the_shape_classes_and_the_current_directory(tmp_path, monkeyp
 
     config = BenchConfig(models=["bench_factories:bare"], input_shape=(3, 8, 8), classes=5, plots=False)
     cell = Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models))
-    args = worker_args(cell, config, tmp_path)
-    assert args[args.index("--input-shape") + 1] == "3,8,8" and args[args.index("--classes") + 1] == "5"
-    assert args[args.index("--model") + 1] == "bench_factories:bare"
+    task = json.loads(worker_args(cell, config, tmp_path)[3])
+    assert task["input_shape"] == [3, 8, 8] and task["classes"] == 5 and task["models"] == ["bench_factories:bare"]
     monkeypatch.chdir(tmp_path)
     assert str(tmp_path) in cell_env(cell, timeout=60)["PYTHONPATH"].split(":")

@@ -39,7 +39,6 @@ def tiny_config(tmp_path, **extra) -> BenchConfig:
         min_window=0,
         out=str(tmp_path / "out"),
         allreduce=False,
-        overhead=False,
         **extra,
     )
 

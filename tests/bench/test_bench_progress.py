@@ -9,7 +9,7 @@ from paraflow.bench.driver.progress import LaunchProgress, clock
 
 def test_plain_progress_prints_about_ten_lines_and_every_failure():
     stream = io.StringIO()
-    progress = LaunchProgress(stream, 40, live=False)
+    progress = LaunchProgress(stream, 40)
     for i in range(40):
         progress.begin(f"cell {i}")
         progress.end(i != 7, "ok" if i != 7 else "FAILED: boom", 1.0)
@@ -18,18 +18,6 @@ def test_plain_progress_prints_about_ten_lines_and_every_failure():
     assert any("cell 7 · FAILED: boom" in line for line in lines)
     assert any(line.startswith("[20/40] 0:00 elapsed, ~0:20 left · cell 19") for line in lines)  # median x left
     assert lines[-1].split(" elapsed")[1].startswith(", ~0:00 left")
-
-
-def test_live_progress_keeps_only_failures_once_closed():
-    stream = io.StringIO()
-    progress = LaunchProgress(stream, 2, live=True)
-    progress.begin("a")
-    progress.end(True, "ok", 1.0)
-    progress.begin("b")
-    progress.end(False, "TIMED OUT: timed out after 5 s", 5.0)
-    progress.close()
-    text = stream.getvalue()
-    assert "b · TIMED OUT: timed out after 5 s" in text and " a · ok" not in text
 
 
 def test_clock():

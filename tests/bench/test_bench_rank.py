@@ -1,56 +1,10 @@
-"""What each rank does before and around its timed steps: pinning, warm-up, the overhead's pairs."""
+"""What each rank does before and around its timed steps: warm-up, and how it leaves."""
 
-import ast
 import os
-import subprocess
-import sys
 
 import pytest
 
-from paraflow.bench.rank.pinning import cores_for
 from paraflow.bench.rank.train_loop import settled
-
-
-def test_each_local_rank_takes_its_own_run_of_cores():
-    assert cores_for(0, 1, [0, 1]) == [0] and cores_for(1, 1, [0, 1]) == [1]
-    assert cores_for(0, 2, [3, 2]) == [2, 3]  # one process, both cores
-    assert cores_for(1, 2, [0, 1, 2, 3]) == [2, 3]
-    assert cores_for(2, 1, [0, 1]) == [0]  # more ranks than cores: wrap around
-    assert cores_for(0, 8, [0, 1]) == [0, 1]  # never more cores than exist
-
-
-# Run in a fresh interpreter: the test process may hold gloo loops of its own (in-process groups of
-# other tests), and a thread put at idle priority stays there.
-_IDLE_CHECK = """
-import ctypes, os, select, threading
-from paraflow.bench.rank.pinning import idle_polling_loops
-stop, epoll, ids = threading.Event(), select.epoll(), {}
-
-def run(key, wait, name=""):
-    def body():
-        if name:
-            ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME, as gloo's loop does
-        ids[key] = threading.get_native_id()
-        wait()
-    threading.Thread(target=body, daemon=True).start()
-
-run("loop", lambda: stop.wait(30), "gloo_tcp_loop")
-run("worker", lambda: stop.wait(30), "pt_gloo_runloop")
-run("poller", lambda: [epoll.poll(0.05) for _ in range(200) if not stop.is_set()])
-while len(ids) < 3:
-    stop.wait(0.01)
-count = idle_polling_loops()
-print((count, {k: os.sched_getscheduler(v) == os.SCHED_IDLE for k, v in sorted(ids.items())}))
-stop.set()
-"""
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no SCHED_IDLE on this OS")
-def test_gloo_event_loop_goes_to_idle_priority_and_nothing_else():
-    out = subprocess.run([sys.executable, "-c", _IDLE_CHECK], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    # torch's gloo loop by its name; gloo's workers and any other thread waiting in epoll are left alone
-    assert ast.literal_eval(out.stdout.strip()) == (1, {"loop": True, "poller": False, "worker": False})
 
 
 def test_warm_up_ends_when_step_times_settle():
@@ -58,44 +12,6 @@ def test_warm_up_ends_when_step_times_settle():
     assert settled([9.0, 5.0, 1.0, 1.05, 0.98, 1.0, 1.02, 0.99, 1.0, 1.01])
     assert not settled([5.0, 4.0, 3.0, 3.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0])  # still falling
     assert settled([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.05, 1.05, 1.08])  # within 10%
-
-
-def test_overhead_pairs_fit_the_time_budget_on_the_slowest_rank():
-    import torch
-
-    from paraflow.bench.rank.overhead import MIN_PAIRS, pairs_within
-
-    class Backend:  # the other rank's round took 0.2 s
-        def allreduce(self, tensor, op):
-            assert op == "max"
-            return torch.maximum(tensor, torch.tensor([0.2], dtype=torch.float64))
-
-    assert pairs_within(Backend(), 240, 0.05, 20.0) == 100  # 20 s / 0.2 s, not 20 s / 0.05 s
-    assert pairs_within(Backend(), 240, 0.05, 100.0) == 240  # never more than asked
-    assert pairs_within(Backend(), 240, 0.05, 1.0) == MIN_PAIRS  # never fewer than 20 blocks of 3
-    assert pairs_within(Backend(), 6, 0.05, 1.0) == 6  # unless fewer were asked
-
-
-def test_overhead_models_are_built_and_stepped_in_shuffled_orders_the_same_on_every_rank():
-    """Identical models step at different speeds by where their memory landed (the first built was
-    often the slowest): each side gets INSTANCES of them, built and stepped in shuffled orders that
-    every rank draws alike from the seed (DDP's and horovod's steps are collectives)."""
-    import random
-
-    from paraflow.bench.rank.overhead import INSTANCES, SIDES, build_order, step_orders
-    from paraflow.bench.report.outputs import DEFINITIONS
-
-    everyone = sorted((side, j) for side in SIDES for j in range(INSTANCES))
-    assert INSTANCES > 1
-    builds = [build_order(random.Random(seed)) for seed in range(20)]
-    assert all(sorted(order) == everyone for order in builds)  # every model once
-    assert build_order(random.Random(7)) == build_order(random.Random(7))  # alike on every rank
-    assert {order[0][0] for order in builds} == set(SIDES)  # no side always built first
-    rounds = step_orders(random.Random(3), 30)
-    assert rounds == step_orders(random.Random(3), 30) and len(rounds) == 30
-    assert all(sorted(order) == everyone for order in rounds)
-    assert len({tuple(order) for order in rounds}) > 20  # a fresh order each round
-    assert any(f"{INSTANCES} models" in line for line in DEFINITIONS)  # results.md says how many
 
 
 def test_worker_skips_interpreter_teardown_except_under_mpi(monkeypatch):

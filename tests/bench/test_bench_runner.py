@@ -1,5 +1,6 @@
 """What each launch is given: worker arguments, environment, and the command line that is recorded."""
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,15 +41,8 @@ def test_cell_env_fixes_threads_and_drops_inherited_launcher_variables(monkeypat
     monkeypatch.setenv(MPI_YIELD, "0")  # the user's own choice wins
     assert MPI_YIELD not in cell_env(Cell("train", "horovod", "mpirun", 2, 1, MLP), 60)
     assert env[OMP_WAIT] == "PASSIVE"  # by default OpenMP threads sleep rather than spin at barriers
-    assert cell_env(Cell("train", "single", "python", 1, 2, MLP), 60, "active")[OMP_WAIT] == "ACTIVE"
     monkeypatch.setenv(OMP_WAIT, "ACTIVE")
-    assert OMP_WAIT not in cell_env(Cell("train", "single", "python", 1, 2, MLP), 60, "passive")
-
-
-def test_openmp_wait_policy_is_passive_unless_asked():
-    assert BenchConfig().omp_wait == "passive" and BenchConfig(omp_wait="active").omp_wait == "active"
-    with pytest.raises(ConfigurationError, match="--omp-wait passive"):
-        BenchConfig(omp_wait="sometimes")
+    assert OMP_WAIT not in cell_env(Cell("train", "single", "python", 1, 2, MLP), 60)
 
 
 def test_the_verdict_margin_is_a_fraction():
@@ -58,57 +52,23 @@ def test_the_verdict_margin_is_a_fraction():
             BenchConfig(margin=wrong)
 
 
-def test_pinning_is_on_unless_other_threads_hold_every_core_at_the_start():
-    # judged on the threads runnable now when known: an earlier run's tail in the load average is not load
-    pinned, why = BenchConfig().resolve_pin(load=2.6, cores=2, runnable=0.2)
-    assert pinned is True and "0.2 other runnable threads (1-min load average 2.6) on 2 cores" in why
-    pinned, why = BenchConfig().resolve_pin(load=0.4, cores=2, runnable=2.5)
-    assert pinned is False and "busy" in why and "2.5 other runnable threads" in why
-    assert BenchConfig().resolve_pin(load=1.2, cores=2)[0] is True
-    pinned, why = BenchConfig().resolve_pin(load=7.5, cores=2)
-    assert pinned is False and "busy" in why and "7.5 on 2 cores" in why
-    assert BenchConfig(pin="on").resolve_pin(load=7.5, cores=2) == (True, "--pin on")
-    assert BenchConfig(pin="off").resolve_pin(load=0.1, cores=2) == (False, "--pin off")
-    with pytest.raises(ConfigurationError, match="--pin off"):
-        BenchConfig(pin="yes")
-
-
-def test_runnable_threads_are_read_from_the_kernels_run_queue(tmp_path):
-    from paraflow.bench.driver.config import runnable_others
-
-    loadavg = tmp_path / "loadavg"
-    loadavg.write_text("2.61 1.90 1.02 3/187 4242\n")
-    assert runnable_others(seconds=0.01, samples=3, path=str(loadavg)) == 2.0  # the reader is one of 3
-    loadavg.write_text("0.10 0.20 0.30 1/187 4242\n")
-    assert runnable_others(seconds=0.01, samples=2, path=str(loadavg)) == 0.0
-    assert runnable_others(path=str(tmp_path / "missing")) is None
-    assert runnable_others(seconds=0.01, samples=2) is not None  # this machine's own file
-
-
 def test_command_line_shows_what_the_launch_sets_and_removes():
     line = command_line(["mpirun", "-np", "2", "python", "-m", "w"], {"RANK": None, "A": "1", "B": "x y"})
     assert line == "env -u RANK A=1 'B=x y' mpirun -np 2 python -m w"
     assert command_line(["python", "w.py"], {"A": "1"}) == "A=1 python w.py"
 
 
-def test_worker_arguments_per_kind():
-    config = BenchConfig(models=["mlp:width=16", "cnn"], steps=3, min_window=0.5, sizes=[4096, 16384], pin="on")
-    train = worker_args(
-        Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), sweep=True), config, Path("/o")
-    )
-    assert train[train.index("--model") + 1] == "mlp:width=16" and train.count("--model") == 2
-    assert train[train.index("--sweep-sizes") + 1] == "4096,16384"
-    assert train[train.index("--collectives") + 1] == "allreduce" and train[train.index("--dtypes") + 1] == "float32"
-    assert train[train.index("--scaling") + 1] == "weak" and "--pin" in train
-    assert train[train.index("--min-window") + 1] == "0.5" and train[train.index("--steps") + 1] == "3"
-    memcpy = worker_args(Cell("memcpy", None, "python", 1, 1), config, Path("/o"))
-    assert memcpy == ["--out", "/o", "--pin", "--memcpy-sizes", "4096,16384", "--threads", "1"]
-    assert "--pin" not in worker_args(Cell("memcpy", None, "python", 1, 1), BenchConfig(pin="off"), Path("/o"))
-    assert "--overhead" not in train
-    overhead = worker_args(Cell("train", "horovod", "mpirun", 2, 1, MLP, overhead=MLP[0]), config, Path("/o"))
-    assert overhead[overhead.index("--overhead") + 1] == "mlp:width=16" and "--model" in overhead
-    assert overhead[overhead.index("--overhead-pairs") + 1] == str(config.overhead_steps)
-    assert overhead[overhead.index("--overhead-seconds") + 1] == f"{config.overhead_seconds:g}"
+def test_the_worker_gets_the_cells_task_from_the_config():
+    config = BenchConfig(models=["mlp:width=16", "cnn"], steps=3, min_window=0.5, sizes=[4096, 16384])
+    cell = Cell("train", "ddp-gloo", "torchrun", 2, 1, tuple(config.models), sweep=True)
+    out, task = worker_args(cell, config, Path("/o"))[1::2]
+    task = json.loads(task)
+    assert out == "/o" and task["backend"] == "ddp-gloo" and task["models"] == ["mlp:width=16", "cnn"]
+    assert task["sweep_sizes"] == [4096, 16384] and task["collectives"] == ["allreduce"]
+    assert task["scaling"] == ["weak"] and task["min_window"] == 0.5 and task["steps"] == 3
+    assert task["compile"] is False and task["classes"] == 10 and task["input_shape"] is None
+    unswept = json.loads(worker_args(replace(cell, sweep=False), config, Path("/o"))[3])
+    assert unswept["sweep_sizes"] == []
 
 
 def test_missing_tabulate_or_matplotlib_says_how_to_install(monkeypatch):
@@ -148,25 +108,3 @@ def test_local_update_skips_horovod_style_synchronisation_only():
         assert Synchronising.skipped
     with local_update(torch.optim.SGD([param], lr=0.1)) as entered:
         assert entered is None
-
-
-def test_overhead_pairs_get_what_the_time_budget_leaves():
-    from paraflow.bench.driver.runner import SETUP_S, CellResult, overhead_seconds
-
-    def launched(cell, seconds):
-        return CellResult(cell, [], "ok", None, seconds)
-
-    config = BenchConfig(time_budget=100.0, overhead_seconds=8.0)
-    a = Cell("train", "ddp-gloo", "torchrun", 2, 1, MLP, repeat=2)
-    b = Cell("train", "horovod", "mpirun", 2, 1, MLP, repeat=2)
-    done = [launched(c, s) for c, s in ((a, 10.0), (a, 14.0), (b, 6.0))]
-    left = [replace(a, repeat=3, overhead=MLP[0]), replace(b, repeat=3, overhead=MLP[0])]
-    # early: the launches left (12 s and 6 s, their means so far) and two setups leave plenty
-    assert overhead_seconds(config, 20.0, left, done) == 8.0
-    # late: 100 - 64 - 18 - 2 setups, shared by the two measures
-    assert overhead_seconds(config, 64.0, left, done) == pytest.approx((100 - 64 - 18 - 2 * SETUP_S) / 2)
-    # a launch that carried an overhead does not project the others; past the budget: nothing (the worker's floor)
-    carried = done + [launched(left[0], 500.0)]
-    roomy = replace(config, overhead_seconds=50.0)
-    assert overhead_seconds(roomy, 60.0, left[1:], carried) == pytest.approx(100 - 60 - 6 - SETUP_S)
-    assert overhead_seconds(config, 95.0, left, done) == 0.0

@@ -23,7 +23,6 @@ def entry(**extra):
         "model": "resnet",
         "scaling": "weak",
         "processes": 2,
-        "tuned": False,
         "first": "horovod · mpirun",
         "fastest": ["horovod · mpirun"],
         "slower": [other],
@@ -58,7 +57,9 @@ def test_alone_at_its_process_count_it_is_set_against_single():
 
 
 def test_one_headline_per_model_at_its_largest_process_count():
-    lines = headlines([entry(processes=1), entry(), entry(model="gpt", processes=2), entry(tuned=True, processes=4)])
+    lines = headlines(
+        [entry(processes=1), entry(), entry(model="gpt", processes=2), entry(scaling="strong", processes=4)]
+    )
     assert len(lines) == 2 and lines[0].startswith("resnet, 2 processes") and lines[1].startswith("gpt, 2 processes")
 
 
@@ -80,7 +81,7 @@ def test_two_factories_under_three_backends_fit_on_one_screen(tmp_path, no_lefto
     cmd = [sys.executable, "-m", "paraflow.cli", "bench", "--model", MODELS[0], "--model", MODELS[1]]
     cmd += ["--input-shape", "3,8,8", "--classes", "5", "--backend", "single,ddp-gloo,horovod", "--nprocs", "2"]
     cmd += ["--repeat", "2", "--max-repeat", "2", "--window-steps", "2", "--warmup", "1", "--max-warmup", "0.05"]
-    cmd += ["--min-window", "0", "--min-bytes", "4K", "--max-bytes", "16K", "--no-overhead", "--no-plots"]
+    cmd += ["--min-window", "0", "--min-bytes", "4K", "--max-bytes", "16K", "--no-plots"]
     cmd += ["--launch-timeout", "120", "--out", str(out)]
     # run from the factories' folder: --model imports from the current directory
     result = run_launch(cmd, timeout=560, env={**no_leftovers, "PARAFLOW_BACKEND": None}, cwd=str(FACTORIES))

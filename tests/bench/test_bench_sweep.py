@@ -4,30 +4,29 @@ import pytest
 import torch
 from conftest import launch_ok, read_rank_json, requires_horovod
 
-SIZES = "4096,65536"  # one small enough to travel inside paraflow's check, one not
+from paraflow.bench.driver.config import BenchConfig
+from paraflow.bench.driver.matrix import Cell
+from paraflow.bench.driver.runner import worker_args
+
+SIZES = [4096, 65536]
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    "backend, launcher, refused",
-    [("ddp-gloo", "torchrun", set()), pytest.param("horovod", "mpirun", {"bfloat16"}, marks=requires_horovod)],
+    "backend, launcher", [("ddp-gloo", "torchrun"), pytest.param("horovod", "mpirun", marks=requires_horovod)]
 )
-def test_every_collective_is_exact_on_every_rank(backend, launcher, refused, tmp_path):
-    script = ["-m", "paraflow.bench.rank.worker", "--out", tmp_path, "--backend", backend, "--sweep-sizes", SIZES]
-    script += ["--collectives", ",".join(COLLECTIVES), "--dtypes", "float32,bfloat16"]
+def test_every_collective_is_exact_on_every_rank(backend, launcher, tmp_path):
+    config = BenchConfig(models=["mlp:width=16"], sizes=SIZES, collectives=list(COLLECTIVES), aa_check=False)
+    cell = Cell("train", backend, launcher, 2, 1, (), sweep=True)  # no model: the sweep alone
+    script = ["-m", "paraflow.bench.rank.worker", *worker_args(cell, config, tmp_path)]
     launch_ok(launcher, 2, script, timeout=200)
     for result in read_rank_json(tmp_path, 2):
         sweep = result["tasks"]["sweep"]
-        assert {u["dtype"] for u in sweep["unsupported"]} == refused
+        assert sweep["unsupported"] == []
         rows = sweep["rows"]
-        measured = {(r["collective"], r["impl"], r["dtype"], r["bytes"]) for r in rows}
-        for dtype in {"float32", "bfloat16"} - refused:
-            for size in (4096, 65536):
-                for collective in COLLECTIVES:
-                    assert (collective, "raw", dtype, size) in measured
-                    public = (collective, "public", dtype, size) in measured
-                    assert public == (collective != "reduce_scatter")  # paraflow has no public reduce_scatter
+        measured = {(r["collective"], r["impl"], r["bytes"]) for r in rows}
+        assert measured == {(c, "raw", size) for c in COLLECTIVES for size in (4096, 65536)}  # the library's calls
         assert all(r["wrong"] == 0 for r in rows), [r for r in rows if r["wrong"]]
         assert all(r["time_s"] > 0 and len(r["round_s"]) == r["iters"] == rounds_for(r["bytes"]) for r in rows)
 
@@ -38,36 +37,30 @@ def rounds_for(size: int) -> int:
     return max(ROUNDS, iterations_for(size))
 
 
-class _Recorder:
-    """A one-rank stand-in for a backend and a raw library: records the order of the calls."""
+class _Public:
+    """A one-rank stand-in for a backend with no raw library: records its calls."""
 
-    device, world_size, rank = torch.device("cpu"), 1, 0
+    device, world_size, rank, name = torch.device("cpu"), 1, 0, "stand-in"
 
-    def __init__(self, calls: list) -> None:
-        self.calls = calls
+    def __init__(self) -> None:
+        self.calls: list = []
 
     def barrier(self) -> None:
         self.calls.append("barrier")
 
     def allreduce_(self, tensor, op="sum"):
-        self.calls.append("public" if op == "sum" else op)
+        self.calls.append(op)
         return tensor
 
 
-class _Raw(_Recorder):
-    def allreduce_(self, tensor):
-        self.calls.append("raw")
-        return tensor
-
-
-def test_sweep_warms_the_check_up_then_times_one_call_a_side_per_round_in_flipping_order():
+def test_without_a_raw_library_the_public_call_is_warmed_up_then_timed_each_round():
     from paraflow.bench.rank.sweep import MIN_WARMUP, run_sweep
 
-    calls: list = []
-    size = 64 * 1024**2  # the fewest operations: the rounds' minimum decides
-    result = run_sweep(_Recorder(calls), _Raw(calls), [size], ["allreduce"], ["float32"], rounds=5)
-    timed = calls[calls.index("barrier") + 1 : -2]  # the last two: one checked call per side
-    assert calls[: calls.index("barrier")] == ["raw"] * MIN_WARMUP + ["public"] * MIN_WARMUP
-    assert timed == ["raw", "public", "public", "raw"] * 2 + ["raw", "public"]
-    rows = result["rows"]
-    assert [len(r["round_s"]) for r in rows] == [5, 5] and all(r["wrong"] == 0 for r in rows)
+    backend = _Public()
+    result = run_sweep(backend, None, [64 * 1024**2], ["allreduce", "reduce_scatter"], rounds=5)
+    # the fewest operations at 64 MB: the rounds' minimum decides; then one checked call
+    assert backend.calls == ["sum"] * MIN_WARMUP + ["barrier"] + ["sum"] * 5 + ["sum"]
+    (row,) = result["rows"]
+    assert row["impl"] == "paraflow" and len(row["round_s"]) == 5 and row["wrong"] == 0
+    (refused,) = result["unsupported"]  # paraflow has no public reduce_scatter
+    assert refused["collective"] == "reduce_scatter" and "reduce_scatter" in refused["error"]

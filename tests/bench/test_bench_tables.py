@@ -8,15 +8,13 @@ import pytest
 from paraflow.bench.driver.config import BenchConfig
 from paraflow.bench.driver.matrix import Cell, build_matrix
 from paraflow.bench.driver.runner import failure_reason, run_extra_launches, wide_groups
-from paraflow.bench.model_spec import ModelSpec
 from paraflow.bench.report.tables import (
-    OVERHEAD_COLUMNS,
+    SWEEP_COLUMNS,
     TRAINING_COLUMNS,
     build_tables,
     csv_columns,
     format_value,
     render,
-    sweep_columns,
 )
 from paraflow.errors import ConfigurationError
 
@@ -78,7 +76,6 @@ def sweep_row(collective, impl, size, rounds, wrong=0):
     return {
         "collective": collective,
         "impl": impl,
-        "dtype": "float32",
         "bytes": size,
         "count": size // 4,
         "iters": 8,
@@ -110,28 +107,15 @@ def ddp(repeat, scale):
             "world_size": 2,
             "device": "cpu",
             "rows": [
-                sweep_row("allreduce", "raw", 4096, t([0.001, 0.002] if r else [0.002, 0.001])),
-                sweep_row("allreduce", "public", 4096, t([0.0012, 0.0024]), wrong=r),
+                sweep_row("allreduce", "raw", 4096, t([0.001, 0.002] if r else [0.002, 0.001]), wrong=r),
             ],
-            "unsupported": [{"collective": "allreduce", "dtype": "bfloat16", "error": "not supported"}],
+            "unsupported": [{"collective": "allgather", "error": "not supported"}],
         }
         ranks.append(rank(r, 2, {"train/mlp": task, "sweep": sweep}))
     return cell("train", "ddp-gloo", "torchrun", 2, ranks, sweep=True, repeat=repeat)
 
 
-MEMCPY = {
-    **cell(
-        "memcpy",
-        None,
-        "python",
-        1,
-        [rank(0, 1, {"memcpy": {"threads": 1, "devices": {"cpu": [{"bytes": 4096, "iters": 10, "time_s": 1e-6}]}}})],
-        repeat=0,
-    ),
-    "group": "memcpy",
-    "id": "memcpy",
-}
-CELLS = [MEMCPY, single(1, [0.010, 0.020, 0.030], 0.06), ddp(1, 1.0), single(2, [0.02, 0.04, 0.06], 0.12), ddp(2, 2.0)]
+CELLS = [single(1, [0.010, 0.020, 0.030], 0.06), ddp(1, 1.0), single(2, [0.02, 0.04, 0.06], 0.12), ddp(2, 2.0)]
 FAILED = cell(
     "train", "horovod", "mpirun", 2, [rank(0, 2, {})], status="timed out", error="timed out after 9 s", sweep=True
 )
@@ -178,64 +162,19 @@ def test_strong_scaling_rows_use_the_same_global_batch():
     assert strong_rows["single"]["speedup"] == 1.0
 
 
-def test_sweep_rows_set_paraflow_beside_raw():
+def test_sweep_rows_take_the_slowest_rank_per_round_and_pool_launches():
     tables = build_tables(CELLS + [FAILED])
     row, failed = tables["sweep"]
-    assert set(row) >= set(sweep_columns()) and failed["status"].startswith("timed out")
-    # raw: per round the slower rank: [2, 2] ms (launch 1), [4, 4] ms (launch 2) -> medians 2 and 4 -> 3 ms
-    assert row["raw_time_us"] == 3000.0
-    # paraflow: [1.2, 2.4] -> 1.8 ms, then 3.6 ms -> 2.7 ms; paired per round: 0.6 and 1.2 in both launches
-    assert row["time_us"] == 2700.0 and row["vs_raw"] == 0.9
-    # both launches' ratios are 0.9, but each launch's own rounds (0.6, 1.2) keep the interval open
-    assert row["vs_raw_low"] < 0.6 and row["vs_raw_high"] > 1.2  # two launches: t(1), wide
-    assert row["busbw"] == round(4096 / 0.0027 / 1e9, 4) and row["algbw"] == row["busbw"]  # n = 2: factor 1
-    assert row["wrong"] == 2 and row["memcpy"] == 4.096  # rank 1's one wrong element, in each launch
+    assert set(row) >= set(SWEEP_COLUMNS) and failed["status"].startswith("timed out")
+    # per round the slower rank: [2, 2] ms (launch 1), [4, 4] ms (launch 2) -> medians 2 and 4 -> 3 ms
+    assert row["time_us"] == 3000.0 and row["impl"] == "raw"
+    assert row["time_us_low"] < 3000.0 < row["time_us_high"]  # two launches: t(1), wide
+    assert row["busbw"] == round(4096 / 0.003 / 1e9, 4) and row["algbw"] == row["busbw"]  # n = 2: factor 1
+    assert row["busbw_low"] < row["busbw"] < row["busbw_high"]
+    assert row["wrong"] == 2  # rank 1's one wrong element, in each launch
     footer = tables["sweep_footer"][0]
-    assert footer["wrong"] == 2 and footer["vs_raw_smallest"] == 0.9 and footer["worst_vs_raw_large"] is None
-    assert tables["sweep_unsupported"][0]["dtype"] == "bfloat16"
-    gbit = build_tables(CELLS, config={"units": "Gbit/s"})["sweep"][0]
-    assert gbit["busbw"] == round(4096 * 8 / 0.0027 / 1e9, 4)
-    assert "paraflow busbw(Gbit/s)" in sweep_columns("Gbit/s").values()
-
-
-def overhead_cell(n, pf, raw, control):
-    tasks = []
-    for r in range(n):
-        task = {
-            "rank": r,
-            "world_size": n,
-            "device": "cpu",
-            "library": "torch DistributedDataParallel",
-            "model": "mlp",
-            "pairs": len(pf),
-            "warmup": 10,
-            "paraflow_step_s": pf,
-            "raw_step_s": raw,
-            "control_step_s": control,
-        }
-        tasks.append(rank(r, n, {"overhead": task}))
-    return {**cell("train", "ddp-gloo", "torchrun", n, tasks, repeat=3), "overhead": "mlp"}
-
-
-def test_overhead_row_pairs_rounds_and_checks_the_control():
-    raw = [0.010] * 40
-    pf = [0.01009] * 20 + [0.0099] * 20  # paired ratios: +0.9% twenty times, -1% twenty times
-    (row,) = build_tables([overhead_cell(1, pf, raw, raw)])["overhead"]
-    assert set(row) >= set(OVERHEAD_COLUMNS)
-    assert row["paraflow_step_ms_median"] == 9.995 and row["raw_step_ms_median"] == 10.0
-    # 20 blocks of 2 rounds: ten at +0.9%, ten at -1% -> order statistics 6 and 15 of 20: -1% and +0.9%
-    assert (row["paired_overhead_low"], row["paired_overhead_high"]) == (-0.01, 0.009)
-    assert row["control_overhead"] == 0.0 == row["control_overhead_low"] == row["control_overhead_high"]
-    assert row["aa_floor"] == 0.0
-    assert row["within_target"] == "yes"  # the interval lies below 1%
-    slow = [0.0105] * 40  # +5% every round
-    assert build_tables([overhead_cell(2, slow, raw, raw)])["overhead"][0]["within_target"] == "no"
-    # the control 2% off raw: +5% is still above 1% + 2%, +2% is not, and nothing else decides
-    control = [0.0102] * 40
-    (row,) = build_tables([overhead_cell(2, slow, raw, control)])["overhead"]
-    assert row["aa_floor"] == 0.02 and row["within_target"] == "no"
-    (row,) = build_tables([overhead_cell(2, control, raw, control)])["overhead"]
-    assert row["within_target"].startswith("unresolved: the paired interval +2.0%..+2.0% widened by the A/A floor 2.0%")
+    assert footer["wrong"] == 2 and footer["sizes"] == 1 and footer["avg_busbw"] == row["busbw"]
+    assert tables["sweep_unsupported"][0]["collective"] == "allgather"
 
 
 def test_noise_floor_is_the_spread_of_the_a_a_pair():
@@ -249,7 +188,6 @@ def test_verdict_is_in_the_tables_with_claims():
     verdict = build_tables(CELLS)["verdict"]
     claims = [v["claim"] for v in verdict]
     assert "mlp, 1 process: fastest single · python" in claims
-    assert any(c.startswith("allreduce float32, ddp-gloo · torchrun, 2 processes: paraflow within") for c in claims)
     assert all(v["text"].startswith(v["claim"].split(":")[0]) for v in verdict)
 
 
@@ -261,7 +199,7 @@ def test_rendered_tables_carry_every_header_and_interval():
     assert "30 ±" in text and "40.0% [" in text and "—" in text and "1,000" in text
     md = render(tables["training"], TRAINING_COLUMNS, "github")
     assert md.splitlines()[1].startswith("|-") and md.count("\n") == len(tables["training"]) + 1
-    assert format_value("abstraction_overhead", 0.0123) == "+1.23%" and format_value("within_target", True) == "yes"
+    assert format_value("prediction_error", 0.0123) == "+1.23%" and format_value("agree", True) == "yes"
     assert "a\\|b" in render([{"status": "a|b"}], {"status": "status"}, "github")
     keys = csv_columns(TRAINING_COLUMNS, tables["training"])
     assert keys[keys.index("step_ms_median") + 1 : keys.index("step_ms_median") + 3] == [
@@ -286,19 +224,12 @@ def test_matrix_on_a_two_core_host_without_gpu():
         "horovod-horovodrun-2",
     ]
     assert ids == [
-        "memcpy",
         "single-python-1-aa-r1",
         "single-python-1-aa-r2",
         *[f"{t}-r1" for t in train],  # round 1 launches every cell, then round 2
         *[f"{t}-r2" for t in train],
     ]
     by_id = {c.id: c for c in m.cells}
-    # the abstraction overhead rides in the last planned launch, under each backend's first launcher
-    overhead = {c.id for c in m.cells if c.overhead is not None}
-    assert overhead == {
-        f"{g}-r2" for g in ("ddp-gloo-torchrun-1", "ddp-gloo-torchrun-2", "horovod-mpirun-1", "horovod-mpirun-2")
-    }
-    assert {c.overhead for c in m.cells if c.overhead is not None} == {BenchConfig().models[0]}
     # one thread per process at every count on 2 cores: the baseline computes as each rank of 2 does
     assert {c.threads for c in m.cells} == {1}
     assert by_id["single-python-1-aa-r1"].models == (BenchConfig().models[0],)
@@ -317,25 +248,25 @@ def test_matrix_on_a_two_core_host_without_gpu():
 def test_matrix_on_a_gpu_host_adds_dp_and_ddp_nccl_up_to_the_gpu_count():
     available = {**AVAILABLE, "ddp-nccl": None}
     m = build_matrix(
-        BenchConfig(nprocs=[1, 2, 4], allreduce=False, overhead=False, repeat=1, aa_check=False),
+        BenchConfig(nprocs=[1, 2, 4], allreduce=False, repeat=1, aa_check=False),
         available=available,
         cuda_devices=2,
         total_cores=16,
     )
     ids = [c.id for c in m.cells]
     assert "dp-python-1-r1" in ids and "ddp-nccl-torchrun-2-r1" in ids and "ddp-nccl-torchrun-4-r1" not in ids
-    assert "memcpy" not in ids and not any(c.overhead or "-aa-" in c.id for c in m.cells)
+    assert not any(c.sweep or "-aa-" in c.id for c in m.cells)
     assert {c.threads for c in m.cells} == {4}  # 16 cores over the largest count, at every count
 
 
 def test_matrix_keeps_the_single_baseline_and_refuses_unknown_names():
     base = dict(available=AVAILABLE, cuda_devices=0, total_cores=2)
-    m = build_matrix(BenchConfig(backends=["ddp-gloo"], nprocs=[2], overhead=False, repeat=1, aa_check=False), **base)
-    assert [c.id for c in m.cells] == ["memcpy", "single-python-1-r1", "ddp-gloo-torchrun-2-r1"]
+    m = build_matrix(BenchConfig(backends=["ddp-gloo"], nprocs=[2], repeat=1, aa_check=False), **base)
+    assert [c.id for c in m.cells] == ["single-python-1-r1", "ddp-gloo-torchrun-2-r1"]
     m = build_matrix(
         BenchConfig(backends=["horovod"], launchers=["horovodrun"], nprocs=[2], repeat=1, aa_check=False), **base
     )
-    assert [c.id for c in m.cells] == ["memcpy", "single-python-1-r1", "horovod-horovodrun-2-r1"]
+    assert [c.id for c in m.cells] == ["single-python-1-r1", "horovod-horovodrun-2-r1"]
     m = build_matrix(BenchConfig(backends=["ddp-nccl"], repeat=1, aa_check=False), **base)
     assert "ddp-nccl" in m.skipped and [c.id for c in m.cells] == ["single-python-1-r1"]
     from paraflow.errors import UnknownBackendError
@@ -402,7 +333,24 @@ def test_sweep_rows_keep_the_planned_launches_only():
     for r in extra["ranks"]:
         r["tasks"].pop("sweep")
     row = build_tables(CELLS + [extra])["sweep"][0]
-    assert row["status"] == "ok" and row["launches"] == 2 and row["raw_time_us"] == 3000.0
+    assert row["status"] == "ok" and row["launches"] == 2 and row["time_us"] == 3000.0
+
+
+def test_an_older_runs_sweep_is_read_from_its_raw_side():
+    older = [ddp(1, 1.0), ddp(2, 2.0)]  # its rows also held paraflow's side and other element types
+    for cell in older:
+        for r in cell["ranks"]:
+            rows = r["tasks"]["sweep"]["rows"]
+            rows += [{**rows[0], "impl": "public", "round_s": [9.0, 9.0]}, {**rows[0], "dtype": "float16"}]
+    (row,) = build_tables(older)["sweep"]
+    assert row["impl"] == "raw" and row["time_us"] == 3000.0
+
+
+def test_an_older_runs_tuning_and_trace_launches_stay_out_of_the_rows():
+    older = [single(1, [0.5, 0.5, 0.5], 1.5, tag="trace")]
+    older += [{**single(1, [0.5, 0.5, 0.5], 1.5, tag="tune-bucket_cap_mb=1"), "options": {"bucket_cap_mb": 1}}]
+    rows = build_tables(CELLS + older)["training"]
+    assert [r["step_ms_median"] for r in rows] == [r["step_ms_median"] for r in build_tables(CELLS)["training"]]
 
 
 class _Launched:
@@ -419,8 +367,7 @@ def _planned(repeat):
     cells = []
     for r in range(1, repeat + 1):
         cells += [Cell("train", "single", "python", 1, 1, ("mlp",), repeat=r)]
-        overhead = ModelSpec.parse("mlp") if r == repeat else None  # the last planned launch carries it
-        cells += [Cell("train", "ddp-gloo", "torchrun", 2, 1, ("mlp",), sweep=True, repeat=r, overhead=overhead)]
+        cells += [Cell("train", "ddp-gloo", "torchrun", 2, 1, ("mlp",), sweep=True, repeat=r)]
     return cells
 
 
@@ -440,10 +387,10 @@ def test_only_cells_whose_interval_stays_wide_get_more_launches_within_the_budge
 
     config = BenchConfig(repeat=3, max_repeat=5, time_budget=60.0)
     extra = run_extra_launches(_planned(3), done, config, time.monotonic(), launch)
-    # still wide after the fourth launch, so a fifth; never past --max-repeat; never the sweep or the overhead
-    assert [(c.group, c.repeat, c.sweep, c.overhead) for c in launched] == [
-        ("ddp-gloo-torchrun-2", 4, False, None),
-        ("ddp-gloo-torchrun-2", 5, False, None),
+    # still wide after the fourth launch, so a fifth; never past --max-repeat; never the sweep
+    assert [(c.group, c.repeat, c.sweep) for c in launched] == [
+        ("ddp-gloo-torchrun-2", 4, False),
+        ("ddp-gloo-torchrun-2", 5, False),
     ]
     assert len(extra) == 2
     launched.clear()  # a run that has spent its time budget launches nothing more

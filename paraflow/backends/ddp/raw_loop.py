@@ -1,6 +1,6 @@
-"""DDP set up by hand, as torchrun's documentation does it, with no paraflow: the reference the
-benchmark's abstraction overhead is measured against (see paraflow.bench.rank.overhead), on the
-process group paraflow started for the launch."""
+"""torch.distributed's collectives called straight, with no paraflow: the reference the benchmark's
+sweep times paraflow's public calls against (paraflow.bench.rank.sweep), on the process group
+paraflow started for the launch; DDP and FSDP share it."""
 
 from __future__ import annotations
 
@@ -11,20 +11,8 @@ __all__ = ["RawDDP"]
 
 
 class RawDDP:
-    """torch.distributed + DistributedDataParallel as torchrun's documentation sets them up."""
+    """nccl-tests' collectives straight on torch.distributed (nothing else in the call)."""
 
-    library = "torch DistributedDataParallel"
-
-    def wrap(self, module: torch.nn.Module, device: torch.device, lr: float):
-        """DDP around the module on `device`, plain SGD."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        module = module.to(device)
-        model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
-        return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-
-    # nccl-tests' collectives straight on torch.distributed, for the benchmark's sweep (nothing
-    # else in the call: it is the reference paraflow's public calls are timed against)
     def allreduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum in place."""
         dist.all_reduce(tensor)

@@ -1,6 +1,6 @@
-"""horovod.torch set up by hand, as its PyTorch guide does it, with no paraflow: the reference the
-benchmark's abstraction overhead is measured against (see paraflow.bench.rank.overhead), on the
-horovod paraflow started for the launch."""
+"""horovod.torch's collectives called straight, with no paraflow: the reference the benchmark's
+sweep times paraflow's public calls against (paraflow.bench.rank.sweep), on the horovod paraflow
+started for the launch."""
 
 from __future__ import annotations
 
@@ -12,24 +12,12 @@ __all__ = ["RawHorovod"]
 
 
 class RawHorovod:
-    """horovod.torch as its PyTorch guide sets it up."""
-
-    library = "horovod.torch"
+    """nccl-tests' collectives straight on horovod.torch."""
 
     def __init__(self) -> None:
         import horovod.torch as hvd
 
         self._hvd = hvd  # the sweep's calls use it: no import inside a timed call
-
-    def wrap(self, module: torch.nn.Module, device: torch.device, lr: float):
-        """Broadcast the initial parameters, wrap SGD in DistributedOptimizer."""
-        import horovod.torch as hvd
-
-        module = module.to(device)
-        optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9)
-        hvd.broadcast_parameters(module.state_dict(), root_rank=0)
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=module.named_parameters())
-        return module, optimizer
 
     # nccl-tests' collectives straight on horovod.torch, for the benchmark's sweep (nothing else in
     # the call: it is the reference paraflow's public calls are timed against); named, so

@@ -2,7 +2,6 @@
 
     paraflow bench [OPTIONS]                       run the benchmark (the default mode)
     paraflow bench --script train.py [-- ARGS]     time your own paraflow script instead of the built-in loop
-    paraflow bench compare RUN_A RUN_B             two results folders side by side, running nothing
     paraflow bench project RUN                     the cost model of a results folder, projected to many hosts
 
 List options (--backend, --launcher, --nprocs, --model) take a comma list or repeat.
@@ -23,7 +22,6 @@ RENAMED = {
     "--backends": "--backend",
     "--launchers": "--launcher",
     "--models": "--model",
-    "--compare": "paraflow bench compare RUN_A RUN_B",
     "--project-only": "paraflow bench project RUN",
     "--steps": "--window-steps",
     "--timeout": "--launch-timeout",
@@ -66,13 +64,13 @@ def _split_script_args(parse_known_args):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the benchmark's options and its compare/project modes to `p`."""
+    """Add the benchmark's options and its project mode to `p`."""
     from ..report.verdict import DEFAULT_MARGIN
     from .config import DEFAULT_MODELS
 
     p.description = p.description or __doc__.splitlines()[0]
     p.epilog = (
-        "modes: `paraflow bench compare RUN_A RUN_B`, `paraflow bench project RUN` (each has --help). "
+        "mode: `paraflow bench project RUN` (see its --help). "
         "List options take a comma list or repeat: --backend ddp-gloo,horovod = --backend ddp-gloo --backend horovod."
     )
     p.parse_known_args = _split_script_args(p.parse_known_args)
@@ -185,8 +183,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--time-budget",
         type=float,
         default=270.0,
-        help="seconds of the run after which no extra launch starts; the abstraction overhead's pairs shrink "
-        "(to 60 at least) when the planned launches would run past it (default: %(default)s)",
+        help="seconds of the run after which no extra launch starts (default: %(default)s)",
     )
     timing.add_argument(
         "--launch-timeout", dest="timeout", type=float, default=150.0, help="seconds per launch (default: 150)"
@@ -208,21 +205,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     machine = p.add_argument_group("machine")
     machine.add_argument(
-        "--pin",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="bind each rank to cores of its own (and gloo's polling event loop to idle priority): on, off, or "
-        "auto = on unless other threads hold every core at the start (the run queue of /proc/loadavg), where "
-        "pinned ranks cannot move off busy cores (default: auto)",
-    )
-    machine.add_argument(
-        "--omp-wait",
-        choices=("active", "passive"),
-        default="passive",
-        help="OpenMP threads at barriers: passive (sleep) or active (spin) (default: passive; OMP_WAIT_POLICY in "
-        "the environment wins)",
-    )
-    machine.add_argument(
         "--nodes",
         dest="cluster",
         type=int,
@@ -237,7 +219,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--no-allreduce",
         dest="allreduce",
         action="store_false",
-        help="skip the collective sweep and memory-copy bandwidth",
+        help="skip the collective sweep",
     )
     sweep.add_argument(
         "--collectives",
@@ -247,97 +229,26 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="collectives the sweep measures: allreduce, allgather, reduce_scatter, broadcast, or all "
         "(default: allreduce)",
     )
-    sweep.add_argument(
-        "--dtypes",
-        type=_list,
-        default=["float32"],
-        metavar="NAMES",
-        help="float32, float16, bfloat16 (default: float32)",
-    )
     sweep.add_argument("--min-bytes", default="4K", help="smallest sweep message (default: 4K)")
     sweep.add_argument("--max-bytes", default="64M", help="largest sweep message (default: 64M)")
-    sweep.add_argument("--step-factor", type=int, default=4, help="size multiplier between messages (default: 4)")
-    sweep.add_argument(
-        "--sweep-rounds",
-        type=int,
-        default=12,
-        help="alternating raw / paraflow pairs per sweep size, at least: more resolve paraflow/raw finer (default: 12)",
-    )
-    sweep.add_argument("--units", choices=("GB/s", "Gbit/s"), default="GB/s", help="bandwidth unit (default: GB/s)")
-
-    overhead = p.add_argument_group("abstraction overhead (paraflow against the raw library)")
-    overhead.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the abstraction overhead")
-    overhead.add_argument(
-        "--overhead-steps",
-        type=int,
-        default=150,
-        help="paraflow/raw/control step pairs for the abstraction overhead (default: 150)",
-    )
-    overhead.add_argument(
-        "--overhead-seconds",
-        type=float,
-        default=8.0,
-        help="fewer overhead pairs when they would take longer than this, or than --time-budget leaves them, "
-        "at least 60 (default: 8)",
-    )
-    overhead.add_argument(
-        "--overhead-model",
-        default=None,
-        metavar="SPEC",
-        help="built-in model for the abstraction overhead (default: the first built-in --model)",
-    )
-
-    tuning = p.add_argument_group("tuning and traces")
-    tuning.add_argument(
-        "--tune",
-        action="store_true",
-        help="also launch DDP's bucket_cap_mb x gradient_as_bucket_view and horovod's fusion_threshold_mb x "
-        "cycle_time_ms settings at the largest process count; the tables gain a tuned row per backend",
-    )
-    tuning.add_argument(
-        "--tune-values",
-        action="append",
-        default=[],
-        metavar="KNOB=V1,V2",
-        help="values to try for one knob instead of the built-in ones (repeatable), e.g. bucket_cap_mb=1,25",
-    )
-    tuning.add_argument(
-        "--tune-seconds",
-        type=float,
-        default=300.0,
-        help="stop launching tuning settings once they have taken this long (default: 300)",
-    )
-    tuning.add_argument(
-        "--trace",
-        action="store_true",
-        help="one more launch per multi-process backend and launcher, writing a torch.profiler Chrome trace "
-        "per rank (and horovod's timeline) under OUT/traces/",
-    )
 
     output = p.add_argument_group("output")
     output.add_argument("--out", default="bench-results", help="results folder (default: bench-results)")
-    output.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
+    output.add_argument("--no-plots", dest="plots", action="store_false", help="skip throughput.png")
 
     for old, new in RENAMED.items():
         renamed(p, old, use=new)
 
     modes = p.add_subparsers(
         dest="mode",
-        metavar="{compare,project}",
+        metavar="{project}",
         title="modes (default: run the benchmark)",
         parser_class=argparse.ArgumentParser,
     )
-    compare = modes.add_parser(
-        "compare",
-        help="run nothing: two results folders' medians side by side with their intervals, and whether their "
-        "verdicts match (exit status 1 when they disagree)",
-    )
-    compare.add_argument("runs", nargs=2, metavar="RUN", help="a results folder (or its results.json)")
     project = modes.add_parser(
         "project", help="run nothing: fit the cost model to a results folder and project it to many hosts"
     )
     project.add_argument("run", metavar="RUN", help="a results folder (or its results.json)")
-    project.add_argument("--no-plots", dest="plots", action="store_false", help="skip projection.png")
     return p
 
 
@@ -360,7 +271,6 @@ def config_from_args(args: argparse.Namespace):
     """A BenchConfig from parsed arguments."""
     from ...errors import ConfigurationError
     from .config import COLLECTIVES, DEFAULT_MODELS, BenchConfig, message_sizes, parse_size
-    from .tune import parse_tune_values
 
     nprocs = args.nprocs or ["1", "2"]
     try:
@@ -379,23 +289,18 @@ def config_from_args(args: argparse.Namespace):
         models=args.model or list(DEFAULT_MODELS),
         max_repeat=max(args.max_repeat, args.repeat),
         collectives=list(COLLECTIVES) if args.collectives == ["all"] else args.collectives,
-        sizes=message_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor),
-        tune_values=parse_tune_values(args.tune_values),
+        sizes=message_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes)),
     )
     return BenchConfig(**values)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run the benchmark (exit status 0 when every launch succeeded), or compare two runs, or project one."""
+    """Run the benchmark (exit status 0 when every launch succeeded), or project a finished run."""
     mode = getattr(args, "mode", None) or "run"
-    if mode == "compare":
-        from ..report.compare import compare_main
-
-        return compare_main(*args.runs)
     if mode == "project":
         from ..report.project import project_main
 
-        return project_main(args.run, plots=args.plots)
+        return project_main(args.run)
     from .run import run_bench
 
     results = run_bench(config_from_args(args))

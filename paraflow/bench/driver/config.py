@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -12,14 +11,12 @@ from ..model_spec import ModelSpec
 from ..report.verdict import DEFAULT_MARGIN
 
 __all__ = ["BenchConfig", "parse_size", "message_sizes"]
-__all__ += ["runnable_others", "DEFAULT_MODELS", "COLLECTIVES", "DTYPES", "UNITS"]
+__all__ += ["DEFAULT_MODELS", "COLLECTIVES"]
 
 #: Defaults that cover both regimes: a wide MLP sends one large gradient message (4.5 MB) per
 #: step; the CNN (0.08 MB) and the transformer (0.4 MB over ~30 tensors) send small ones.
 DEFAULT_MODELS = ("mlp:width=1024", "cnn", "transformer")
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
-DTYPES = ("float32", "float16", "bfloat16")
-UNITS = ("GB/s", "Gbit/s")
 SCALINGS = ("weak", "strong")
 
 _UNITS = {
@@ -45,16 +42,14 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2).upper()]
 
 
-def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
-    """min_bytes, min_bytes*factor, ... up to max_bytes (nccl-tests' -b, -e, -f)."""
+def message_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """min_bytes, 4 * min_bytes, 16 * min_bytes, ... up to max_bytes (nccl-tests' -b, -e, -f 4)."""
     if min_bytes < 4 or max_bytes < min_bytes:
         raise ConfigurationError(f"message sizes {min_bytes}..{max_bytes} B: need 4 <= min <= max.")
-    if factor < 2:
-        raise ConfigurationError(f"size factor {factor} must be at least 2.")
     sizes, size = [], min_bytes
     while size <= max_bytes:
         sizes.append(size - size % 4)  # whole float32 elements
-        size *= factor
+        size *= 4
     return sizes
 
 
@@ -84,8 +79,7 @@ class BenchConfig:
         max_repeat: launches a cell may get in all when its interval stays wider than `noisy`
             after `repeat` (runner.run_extra_launches; None: `repeat`, no extra launch).
         time_budget: extra launches start only while the run has taken less than this many
-            seconds, counting the launch about to start; the abstraction overhead's pairs shrink
-            when the planned launches would run past it (runner.overhead_seconds).
+            seconds, counting the launch about to start.
         threads: torch threads per process, the same at every process count, so that a rank of N
             processes computes as the one-process baseline does and weak-scaling efficiency
             measures parallel cost only (None: the cores divided by the largest process count).
@@ -93,38 +87,18 @@ class BenchConfig:
         margin: the smallest throughput difference the verdict calls (a fraction; the A/A noise
             floor when that is larger): a smaller one is within what the machine drifts between runs.
         aa_check: launch the first training cell twice more at the start (A/A): the machine's noise floor.
-        pin: bind each rank's threads to cores of its own: "on", "off", or "auto" (on unless other
-            threads hold every core at the start; :meth:`resolve_pin`).
-        omp_wait: OpenMP threads at barriers: "passive" (sleep, the default) or "active" (spin).
-            OMP_WAIT_POLICY in the environment wins.
         scaling: "weak" (fixed batch per process), "strong" (fixed global batch) or both.
-        sizes: collective sweep and memory-copy message sizes in bytes.
+        sizes: collective sweep message sizes in bytes.
         collectives: collectives the sweep measures.
-        dtypes: element types the sweep measures.
-        units: bandwidth unit of the sweep tables and plots, "GB/s" or "Gbit/s".
-        sweep_rounds: alternating raw / paraflow pairs (one operation each) per sweep size, at
-            least (smaller sizes get more: as many as moving about 256 MB takes, up to 40 below
-            1 MB and 200 from 1 MB up).
-        overhead_steps: paraflow/raw/control step pairs for the abstraction overhead.
-        overhead_seconds: fewer pairs when they would take longer than about this, or than the
-            time budget leaves them (at least 60).
-        overhead_model: model for the abstraction overhead (default: the first of models).
         launchers: restrict to these launchers (None: each backend's own).
         timeout: seconds each launch may take before its whole process group is killed.
         out: results folder.
-        plots: write PNG plots (needs matplotlib).
-        allreduce: run the collective sweep and memory-copy bandwidth.
-        overhead: run the abstraction-overhead comparison.
+        plots: write throughput.png (needs matplotlib).
+        allreduce: run the collective sweep.
         seed: model initialisation and data seed.
         cluster: run on an emulated cluster of this many hosts, one rank per host (0: no cluster);
-            multi-process cells then have exactly that many processes, and the abstraction
-            overhead (a one-host question) is not measured.
+            multi-process cells then have exactly that many processes.
         bandwidth: each host link's rate on the emulated cluster, in tc notation (1gbit).
-        trace: also launch each multi-process cell once more at the largest process count, writing a
-            Chrome trace per rank (and horovod's timeline) under OUT/traces/<cell>/.
-        tune: also launch every setting of the backends' communication knobs (tune.py).
-        tune_values: knob -> values, replacing tune.TUNE_GRID's for that knob.
-        tune_seconds: launches of tuning settings stop once they have taken this long.
         compile: "no", "yes" or both: each training cell eager, compiled (``wrap_model(model,
             compile=True)``), or both side by side.
     """
@@ -150,30 +124,17 @@ class BenchConfig:
     noisy: float = 0.10
     margin: float = DEFAULT_MARGIN
     aa_check: bool = True
-    pin: str = "auto"
-    omp_wait: str = "passive"
     scaling: list = field(default_factory=lambda: ["weak"])
-    sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024**2, 4))
+    sizes: list = field(default_factory=lambda: message_sizes(4 * 1024, 64 * 1024**2))
     collectives: list = field(default_factory=lambda: ["allreduce"])
-    dtypes: list = field(default_factory=lambda: ["float32"])
-    units: str = "GB/s"
-    sweep_rounds: int = 12
-    overhead_steps: int = 150
-    overhead_seconds: float = 8.0
-    overhead_model: Optional[ModelSpec] = None
     launchers: Optional[list] = None
     timeout: float = 150.0
     out: str = "bench-results"
     plots: bool = True
     allreduce: bool = True
-    overhead: bool = True
     seed: int = 0
     cluster: int = 0
     bandwidth: Optional[str] = None
-    trace: bool = False
-    tune: bool = False
-    tune_values: dict = field(default_factory=dict)
-    tune_seconds: float = 300.0
     compile: list = field(default_factory=lambda: ["no"])
 
     def __post_init__(self) -> None:
@@ -186,11 +147,9 @@ class BenchConfig:
             ("batch_size", self.batch_size, 1),
             ("steps", self.steps, 1),
             ("warmup", self.warmup, 0),
-            ("overhead_steps", self.overhead_steps, 1),
             ("repeat", self.repeat, 1),
             ("max_repeat", self.max_repeat, int(self.repeat)),
             ("time_budget", self.time_budget, 1),
-            ("sweep_rounds", self.sweep_rounds, 1),
             ("threads", 1 if self.threads is None else self.threads, 1),
         ):
             if int(value) < low:
@@ -208,19 +167,12 @@ class BenchConfig:
         for name, values, known in (
             ("scaling", self.scaling, SCALINGS),
             ("collectives", self.collectives, COLLECTIVES),
-            ("dtypes", self.dtypes, DTYPES),
         ):
             wrong = [v for v in values if v not in known] or ([] if values else ["(none)"])
             if wrong:
                 raise ConfigurationError(
                     f"{name} {', '.join(wrong)}: choose from {', '.join(known)} (e.g. --{name} {known[0]})."
                 )
-        if self.omp_wait not in ("active", "passive"):
-            raise ConfigurationError(f"omp_wait={self.omp_wait!r}: choose active or passive (--omp-wait passive).")
-        if self.pin not in ("auto", "on", "off"):
-            raise ConfigurationError(f"pin={self.pin!r}: choose auto, on or off (--pin off).")
-        if self.units not in UNITS:
-            raise ConfigurationError(f"units {self.units!r}: choose GB/s or Gbit/s (--units Gbit/s).")
         if not 0 < self.noisy < 1:
             raise ConfigurationError(f"noisy={self.noisy}: give a fraction between 0 and 1, e.g. --noisy 0.1.")
         if not 0 <= self.margin < 1:
@@ -230,7 +182,7 @@ class BenchConfig:
         if self.cluster:
             if int(self.cluster) < 2:
                 raise ConfigurationError(f"--nodes {self.cluster}: an emulated cluster needs 2 or more hosts.")
-            self.nprocs, self.overhead = [int(self.cluster)], False
+            self.nprocs = [int(self.cluster)]
         if "strong" in self.scaling:
             uneven = [n for n in self.nprocs if int(n) > 0 and self.batch_size % int(n)]
             if uneven:
@@ -248,18 +200,6 @@ class BenchConfig:
             raise ConfigurationError("--horovod-api runs a script written for Horovod: add --script PATH.")
         if self.script:
             self._script_mode()
-        builtin = [m for m in self.models if m.kind == "builtin"]
-        if self.overhead_model is None:
-            # the abstraction overhead compares against hand-written loops of the built-in models
-            self.overhead_model = builtin[0] if builtin else None
-            self.overhead = self.overhead and bool(builtin)
-        elif not isinstance(self.overhead_model, ModelSpec):
-            self.overhead_model = ModelSpec.parse(self.overhead_model)
-        if self.overhead_model is not None and self.overhead_model.kind != "builtin":
-            raise ConfigurationError(
-                f"--overhead-model {self.overhead_model}: the abstraction overhead runs a built-in model "
-                "(mlp, cnn, transformer); your own models are timed by --model."
-            )
 
     def _script_mode(self) -> None:
         """--script: the script is the one thing trained; what needs the built-in loop is left out."""
@@ -267,58 +207,16 @@ class BenchConfig:
 
         if not Path(self.script).is_file():
             raise ConfigurationError(f"--script {self.script}: no such file; give the path of your training script.")
-        if self.tune or self.trace or self.scaling != ["weak"] or self.compile != ["no"]:
+        if self.scaling != ["weak"] or self.compile != ["no"]:
             raise ConfigurationError(
-                "--script times your script as it is: --tune, --trace, --scaling strong and --compile need the "
+                "--script times your script as it is: --scaling strong and --compile need the "
                 "built-in loop (drop them, or benchmark a --model instead; a script compiles its model itself)."
             )
         self.models = [ModelSpec(str(self.script), (), "script")]
-        self.allreduce = self.overhead = False
-
-    def resolve_pin(self, load: float, cores: int, runnable: Optional[float] = None) -> tuple[bool, str]:
-        """(pin?, why) for this run, given the 1-min load average, the core count and the runnable
-        threads besides the driver at the start (busy.runnable_others; None: judge on the load)."""
-        if self.pin != "auto":
-            return self.pin == "on", f"--pin {self.pin}"
-        if runnable is None:
-            busy, now = load > cores, f"load average {load:g}"
-        else:
-            busy, now = runnable >= cores, f"{runnable:g} other runnable threads (1-min load average {load:g})"
-        if busy:
-            return False, (
-                f"--pin auto: not pinned, the machine was busy at the start ({now} on {cores} cores) and a "
-                "pinned rank cannot move off a busy core"
-            )
-        return True, f"--pin auto: pinned, {now} on {cores} cores at the start"
+        self.allreduce = False
 
     def to_dict(self) -> dict:
         """JSON-ready copy, models written as specs."""
         d = dict(vars(self))
         d["models"] = [str(m) for m in self.models]
-        d["overhead_model"] = None if self.overhead_model is None else str(self.overhead_model)
         return d
-
-
-LOADAVG = "/proc/loadavg"
-
-
-#: How busy the machine is when a run starts, judged on the moment rather than the last minute.
-#: The 1-minute load average decays slowly: right after one benchmark run it still reads above the
-#: core count on a machine that has gone quiet, and ``--pin auto`` used to leave the next run
-#: unpinned for that reason alone (a back-to-back pair then compared a pinned run with an unpinned
-#: one). The kernel's count of runnable threads (/proc/loadavg's fourth field), sampled over half a
-#: second, says whether other work holds the cores now.
-def runnable_others(seconds: float = 0.5, samples: int = 10, path: str = LOADAVG) -> Optional[float]:
-    """Mean number of runnable threads besides the reading one, over `seconds` in `samples`
-    readings of `path` ("1min 5min 15min running/total lastpid"); None where it cannot be read."""
-    counts = []
-    for i in range(samples):
-        try:
-            with open(path) as f:
-                running = int(f.read().split()[3].split("/")[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        counts.append(max(running - 1, 0))  # the reader itself is running
-        if i + 1 < samples:
-            time.sleep(seconds / samples)
-    return sum(counts) / len(counts)

@@ -6,10 +6,7 @@ every model in turn (then, with two or more processes, the collective sweep). Ev
 cell is launched `repeat` times, round after round (round r launches every cell once), so a
 slow minute of the machine touches every cell alike rather than all launches of one. Before
 the rounds, an A/A pair launches the first cell twice on the first model: how far two launches
-of the same thing disagree is this machine's noise floor. A separate cell measures memory-copy
-bandwidth. The abstraction overhead against hand-written loops, at one process and at the
-largest process count, rides in the last planned launch of the cells it concerns, after their
-training: a launch of its own would cost the launcher's start and exit again (2-4 s here).
+of the same thing disagree is this machine's noise floor.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from ...core.placement import cores
 from ...core.registry import spec
 from ...errors import ConfigurationError, UnknownBackendError
 from .. import backends as bench_backends
-from ..model_spec import ModelSpec
 from .config import BenchConfig
 
 __all__ = ["Cell", "Matrix", "build_matrix", "BASELINE"]
@@ -33,11 +29,10 @@ BASELINE = "single"
 
 @dataclass(frozen=True)
 class Cell:
-    """One launch: `kind` is "train" (a backend's models, maybe the collective sweep, maybe the
-    abstraction overhead on model `overhead`) or "memcpy" (this machine's memory-copy bandwidth)."""
+    """One launch of `kind` "train": a backend's models, then maybe the collective sweep."""
 
     kind: str
-    backend: Optional[str]
+    backend: str
     launcher: str
     nproc: int
     threads: int
@@ -45,16 +40,12 @@ class Cell:
     sweep: bool = False
     tag: str = ""  # tells apart two cells that would otherwise share an id ("aa": the A/A pair)
     repeat: int = 0  # which launch of the same cell (1, 2, ...); 0 for cells launched once
-    options: tuple = ()  # backend options as sorted (name, value) pairs (a tuning setting)
-    overhead: Optional[ModelSpec] = None  # the model of paraflow against a raw loop, after training
     compiled: bool = False  # the models go through wrap_model(model, compile=True)
 
     @property
     def group(self) -> str:
         """The cell's name without its repeat number: launches of one group are pooled."""
         suffix = ("-compiled" if self.compiled else "") + (f"-{self.tag}" if self.tag else "")
-        if self.kind == "memcpy":
-            return "memcpy" + suffix
         return f"{self.backend}-{self.launcher}-{self.nproc}{suffix}"
 
     @property
@@ -65,16 +56,10 @@ class Cell:
     @property
     def label(self) -> str:
         """What the cell runs, for the progress line."""
-        if self.kind == "memcpy":
-            return f"memory-copy bandwidth ({self.threads} thread{'s' * (self.threads > 1)})"
         procs = f"{self.nproc} process{'es' * (self.nproc > 1)}"
         what = ", ".join(m.label for m in self.models) + (" + collective sweep" if self.sweep else "")
-        if self.overhead is not None:
-            what += f" + abstraction overhead ({self.overhead.label})"
         launch = (" · compiled" if self.compiled else "") + (f" · launch {self.repeat}" if self.repeat else "")
         aa = "A/A check: " if self.tag == "aa" else ""
-        if self.options:
-            aa = f"tuning {', '.join(f'{k}={v}' for k, v in self.options)}: "
         return f"{aa}{self.backend} · {self.launcher} · {procs} · {what}{launch}"
 
 
@@ -150,7 +135,6 @@ def build_matrix(
     threads = config.threads or max(1, total_cores // max(config.nprocs))
     train_cells: list[Cell] = []
     sweeps: set = set()
-    measured: set = set()  # groups whose last launch also measures the abstraction overhead
     for name in names:
         cls, presets = _backend_class(name), spec(name).presets
         launchers = programs = cls.launch_programs()
@@ -166,43 +150,21 @@ def build_matrix(
             if too_many:
                 matrix.skipped[f"{name} x {too_many}"] = f"one process per GPU and {cuda_devices} GPU(s) are visible"
             counts = [n for n in counts if n <= limit]
-        # the overhead: each backend with a hand-written loop, under its first launcher, at the
-        # fewest and the most processes
-        known = bench_backends.facts(name)
-        raw = config.overhead and cls.MULTI_PROCESS and known is not None and known.raw_loop is not None
         for launcher in launchers:
             for n in counts:
                 swept = (bench_backends.collectives_key(name), launcher, n)  # fsdp's collectives are ddp's
                 sweep = config.allreduce and n >= 2 and swept not in sweeps
                 sweeps.add(swept)
                 for compiled in [mode == "yes" for mode in config.compile]:
-                    first = compiled == (config.compile[0] == "yes")  # the sweep and overhead ride on one
+                    first = compiled == (config.compile[0] == "yes")  # the sweep rides on one
                     train_cells.append(
                         Cell("train", name, launcher, n, threads, models, sweep=sweep and first, compiled=compiled)
                     )
-                    if raw and first and launcher == programs[0] and n in (min(config.nprocs), max(config.nprocs)):
-                        measured.add(train_cells[-1].group)
 
-    if config.allreduce and any(c.sweep for c in train_cells):
-        matrix.cells.append(Cell("memcpy", None, "python", 1, threads))
     if config.aa_check and train_cells:
         first = train_cells[0]
         for r in (1, 2):
             matrix.cells.append(replace(first, models=models[:1], sweep=False, tag="aa", repeat=r))
     for r in range(1, config.repeat + 1):
-        last = r == config.repeat
-        matrix.cells.extend(
-            replace(cell, repeat=r, overhead=config.overhead_model if last and cell.group in measured else None)
-            for cell in train_cells
-        )
-    if config.trace:
-        widest = max((c.nproc for c in train_cells if c.nproc >= 2), default=0)
-        matrix.cells.extend(
-            replace(c, sweep=False, tag="trace") for c in train_cells if c.nproc == widest and not c.compiled
-        )
-    if config.tune:
-        from .tune import tune_cells
-
-        eager = [c for c in train_cells if not c.compiled]
-        matrix.cells.extend(tune_cells(eager, config.tune_values, lambda b: _backend_class(b).OPTIONS))
+        matrix.cells.extend(replace(cell, repeat=r) for cell in train_cells)
     return matrix

@@ -7,21 +7,18 @@ import shutil
 import sys
 import time
 from collections import Counter
-from contextlib import closing
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from ...core.placement import cores
-from ..report.header import binding_summary, cluster_line, collect_header
+from ..report.header import cluster_line, collect_header
 from ..report.outputs import CSV_TABLES, markdown_report, write_csvs, write_json
 from ..report.screen import screen_report
 from ..report.tables import build_tables, require_tabulate
-from .config import BenchConfig, runnable_others
+from .config import BenchConfig
 from .matrix import Matrix, build_matrix
 from .on_cluster import bench_cluster, cluster_header
 from .progress import LaunchProgress
-from .runner import OMP_WAIT, probe_summary, run_cells, run_extra_launches, worker_entry
+from .runner import run_cells, run_extra_launches, worker_entry
 
 __all__ = ["run_bench", "check_models", "start_line", "OUTPUT_FILES"]
 
@@ -30,19 +27,18 @@ OUTPUT_FILES = (
     "results.md",
     *CSV_TABLES,
     "throughput.png",
-    "busbw.png",
-    "breakdown.png",
-    "projection.png",
 )
 #: Files an earlier version of the benchmark wrote; removed so they cannot pass for this run's.
-STALE_FILES = ("allreduce.csv", "allreduce_summary.csv")
+STALE_FILES = tuple(
+    "allreduce.csv allreduce_summary.csv memcpy.csv overhead.csv tuning.csv published.csv busbw.png "
+    "breakdown.png projection.png".split()
+)
 
 
 def _prepare(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name in OUTPUT_FILES + STALE_FILES:  # no stale file from an earlier run may pass for this one's
         (out / name).unlink(missing_ok=True)
-    shutil.rmtree(out / "traces", ignore_errors=True)
     raw = out / "raw"
     shutil.rmtree(raw, ignore_errors=True)  # cells of an earlier run would pass for this one's
     raw.mkdir()
@@ -64,12 +60,6 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         from ..report.plots import require_pyplot
 
         require_pyplot()
-    runnable = runnable_others() if config.pin == "auto" else None
-    pinned, why_pin = config.resolve_pin(os.getloadavg()[0], cores(), runnable)
-    wait, why_wait = config.omp_wait.upper(), f"--omp-wait {config.omp_wait}"
-    if OMP_WAIT in os.environ:
-        wait, why_wait = os.environ[OMP_WAIT], f"{OMP_WAIT}={os.environ[OMP_WAIT]} set by you"
-    config = replace(config, pin="on" if pinned else "off")
     check_models(config)
     matrix = matrix or build_matrix(config)
     out = Path(config.out)
@@ -82,7 +72,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
 
     start = time.monotonic()
     tracker = LaunchProgress(progress, len(matrix.cells), start)
-    with bench_cluster(config) as cluster, closing(tracker):
+    with bench_cluster(config) as cluster:
         if cluster is not None:
             header["cluster"] = cluster_header(cluster)
             tracker.note(cluster_line(header["cluster"]))
@@ -106,8 +96,6 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
     header["commands"] = [c["command"] for c in cells]
     header["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     header["wall_time_s"] = round(time.monotonic() - start, 1)
-    header["speed_probe"] = probe_summary(cells)
-    header["binding"] = f"{binding_summary(cells, pinned)} ({why_pin}); OpenMP threads {wait} at barriers ({why_wait})"
     tables = build_tables(cells, header, config.to_dict())
     header["noise_floor"] = tables["noise_floor"]
     results = {
@@ -117,12 +105,7 @@ def run_bench(config: BenchConfig, progress=True, matrix: Optional[Matrix] = Non
         "cells": cells,
         "tables": tables,
         "verdict": tables["verdict"],
-        "traces": sorted(str(p.relative_to(out)) for p in (out / "traces").rglob("*.json")),
     }
-    ran = {c["id"] for c in cells}
-    for cell in matrix.cells:
-        if cell.options and cell.id not in ran:
-            results["skipped"][f"tuning {cell.id}"] = f"the tuning budget of {config.tune_seconds:g} s was spent"
 
     plots = []
     if config.plots:

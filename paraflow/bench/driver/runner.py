@@ -1,19 +1,5 @@
 """Launch every cell with its own launcher and a timeout, gather per-rank JSON, keep going on failure.
 
-After every launch the driver probes the machine's own speed: a fixed single-threaded kernel,
-timed. On a shared or virtual machine the host's speed drifts by itself: here 50 products of two
-256 x 256 matrices took 16.6-21.4 ms within two minutes with nothing else running. Two runs
-minutes apart can then disagree on every figure while nothing in them changed. The probe runs
-between launches (about 0.04 s each), so a run records how fast the machine itself was along the
-way, and `paraflow bench compare` can say how much of a difference between two runs the machine
-explains.
-
-The abstraction overhead rides in the last planned launch of its cells (matrix.py), so when it
-starts the run knows how long every launch still to come took in the earlier rounds. Its pairs
-get ``--overhead-seconds`` each, or, when the machine runs slow, an even share of what
-``--time-budget`` leaves once those launches and each overhead's setup are counted; never less
-than the worker's floor of MIN_PAIRS pairs (rank/overhead.py).
-
 More launches for the cells whose intervals are still wide, while the run's time budget lasts.
 
 After the planned rounds, a training cell whose step-time or throughput interval is wider than
@@ -37,13 +23,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-import torch
-
-from ...core.registry import spec as registered
 from ...environment.launchers import launcher_for_tool, launcher_variables
 from ...environment.launchers.openmpi import MPI_YIELD
 from ...tools.launch import launch_command, run_launch
-from ..report.launches import TRACE_TAG
 from ..report.tables import training_rows
 from .config import BenchConfig
 from .matrix import Cell
@@ -59,9 +41,6 @@ __all__ = [
     "cell_env",
     "failure_reason",
     "command_line",
-    "overhead_seconds",
-    "probe_ms",
-    "probe_summary",
     "wide_groups",
     "launch_cost",
     "run_extra_launches",
@@ -85,7 +64,6 @@ class CellResult:
     stdout_tail: str = ""
     stderr_tail: str = ""
     env: dict = field(default_factory=dict)
-    probe_ms: Optional[float] = None  # the machine's speed right after this launch (probe_ms)
 
     @property
     def ok(self) -> bool:
@@ -106,8 +84,6 @@ class CellResult:
             "threads": c.threads,
             "models": [str(m) for m in c.models],
             "sweep": c.sweep,
-            "overhead": None if c.overhead is None else str(c.overhead),
-            "options": dict(c.options),
             "compiled": c.compiled,
             "command": command_line(self.command, self.env),
             "status": self.status,
@@ -116,7 +92,6 @@ class CellResult:
             "stdout_tail": self.stdout_tail,
             "stderr_tail": self.stderr_tail,
             "ranks": self.ranks,
-            "probe_ms": self.probe_ms,
         }
 
 
@@ -132,43 +107,17 @@ def command_line(command: list, env: dict) -> str:
     return shlex.join((["env", *unset] if unset else []) + assign + list(command))
 
 
+#: The BenchConfig fields a rank reads (train_loop.run_training's settings), as they are.
+TASK_FIELDS = ("data", "batch_size", "warmup", "max_warmup", "steps", "min_window", "seed", "scaling")
+TASK_FIELDS += ("input_shape", "classes", "collectives")
+
+
 def worker_args(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
-    """The worker's arguments for `cell` (everything after the module name)."""
-    args = ["--out", str(out_dir)] + (["--pin"] if config.pin == "on" else [])
-    if cell.kind == "memcpy":
-        return args + ["--memcpy-sizes", ",".join(map(str, config.sizes)), "--threads", str(cell.threads)]
-    args += [
-        "--backend",
-        cell.backend,
-        "--data",
-        config.data,
-        "--batch-size",
-        str(config.batch_size),
-        "--warmup",
-        str(config.warmup),
-        "--seed",
-        str(config.seed),
-    ]
-    args += ["--steps", str(config.steps), "--min-window", str(config.min_window)]
-    args += ["--max-warmup", str(config.max_warmup), "--scaling", ",".join(config.scaling)]
-    for spec in cell.models:
-        args += ["--model", str(spec)]
-    if config.input_shape:
-        args += ["--input-shape", ",".join(map(str, config.input_shape))]
-    if any(spec.kind == "factory" for spec in cell.models):
-        args += ["--classes", str(config.classes)]
-    for key, value in cell.options:
-        args += ["--option", f"{key}={value}"]
-    args += ["--compile"] if cell.compiled else []
-    args += trace_args(cell, out_dir)
-    if cell.sweep:
-        args += ["--sweep-sizes", ",".join(map(str, config.sizes))]
-        args += ["--collectives", ",".join(config.collectives), "--dtypes", ",".join(config.dtypes)]
-        args += ["--rounds", str(config.sweep_rounds)]
-    if cell.overhead is not None:
-        args += ["--overhead", str(cell.overhead), "--overhead-pairs", str(config.overhead_steps)]
-        args += ["--overhead-seconds", f"{config.overhead_seconds:g}"]
-    return args
+    """The worker's arguments for `cell` (everything after the module name): its folder and its task."""
+    task = {key: getattr(config, key) for key in TASK_FIELDS}
+    task.update(backend=cell.backend, models=[str(m) for m in cell.models], compile=cell.compiled)
+    task["sweep_sizes"] = config.sizes if cell.sweep else []
+    return ["--out", str(out_dir), "--task", json.dumps(task, separators=(",", ":"))]
 
 
 def worker_entry(cell: Cell, config: BenchConfig, out_dir: Path) -> list:
@@ -199,7 +148,7 @@ def _script_env(cell: Cell, config: BenchConfig, out_dir: Path) -> dict:
     return env
 
 
-def cell_env(cell: Cell, timeout: float, omp_wait: str = "passive") -> dict:
+def cell_env(cell: Cell, timeout: float) -> dict:
     """Variables for the cell's processes: threads per rank, unbuffered output, no inherited ranks."""
     threads = str(cell.threads)
     package_root = str(Path(__file__).resolve().parents[3])
@@ -218,10 +167,10 @@ def cell_env(cell: Cell, timeout: float, omp_wait: str = "passive") -> dict:
         }
     )
     if OMP_WAIT not in os.environ:
-        # --omp-wait (README "Less noise at the source"): sleeping threads by default. Spinning ones
-        # made a lone 2-thread step faster, but fought the launchers' own processes for the cores:
-        # two runs disagreed far more, and on a busy machine they were 2-5 times slower, erratic.
-        env[OMP_WAIT] = omp_wait.upper()
+        # Sleeping threads at barriers: spinning ones made a lone 2-thread step faster, but fought the
+        # launchers' own processes for the cores: two runs disagreed far more, and on a busy machine
+        # they were 2-5 times slower, erratic.
+        env[OMP_WAIT] = "PASSIVE"
     if launcher_for_tool(cell.launcher).mpi and MPI_YIELD not in os.environ:
         # The cell fills every core, and each horovod rank adds a background thread: Open MPI's
         # default busy-polling would starve the other threads (it yields by itself only when it
@@ -272,7 +221,7 @@ def run_cell(
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("rank*.json"):
         old.unlink()
-    env = {**cell_env(cell, timeout, config.omp_wait), **trace_env(cell, out_dir), **_script_env(cell, config, out_dir)}
+    env = {**cell_env(cell, timeout), **_script_env(cell, config, out_dir)}
     start = time.monotonic()
     try:
         if cluster is not None:
@@ -343,105 +292,14 @@ def run_cells(
 ) -> list:
     """Run `cells` one after another, showing progress on `tracker`; a failed or hung cell does
     not stop the rest. Each line starts with `heading` instead of the launch's place when given."""
-    results, tuning_s = [], 0.0
-    for i, cell in enumerate(cells, 1):
-        elapsed = time.monotonic() - tracker.started
-        if cell.options and tuning_s >= config.tune_seconds:
-            tracker.note(f"not run (tuning budget spent) · {cell.label}")
-            tracker.add(-1)
-            continue
+    results = []
+    for cell in cells:
         tracker.begin(cell.label, heading)
-        launch_config = config
-        if cell.overhead is not None:
-            seconds = overhead_seconds(config, elapsed, cells[i - 1 :], results)
-            launch_config = replace(config, overhead_seconds=round(seconds, 1))
-        result = run_cell(cell, launch_config, raw_dir, config.timeout, entry, cluster)
-        result.probe_ms = round(probe_ms(), 3)
+        result = run_cell(cell, config, raw_dir, config.timeout, entry, cluster)
         results.append(result)
-        tuning_s += result.elapsed_s if cell.options else 0.0
         outcome = "ok" if result.ok else f"{result.status.upper()}: {result.error}"
         tracker.end(result.ok, outcome, result.elapsed_s)
     return results
-
-
-HOROVOD_PACKAGE = "paraflow.backends.horovod"
-
-
-def trace_dir(cell: Cell, out_dir: Path) -> Path:
-    """OUT/traces/<cell>/ for a trace launch whose raw numbers go to OUT/raw/<cell>/."""
-    return out_dir.parent.parent / "traces" / cell.id
-
-
-def trace_args(cell: Cell, out_dir: Path) -> list:
-    """The worker's --trace argument for a trace launch, else nothing."""
-    return ["--trace", str(trace_dir(cell, out_dir))] if cell.tag == TRACE_TAG else []
-
-
-def trace_env(cell: Cell, out_dir: Path) -> dict:
-    """HOROVOD_TIMELINE for a horovod trace launch (horovod writes it from start-up on), else nothing."""
-    if cell.tag != TRACE_TAG or not registered(cell.backend).load().__module__.startswith(HOROVOD_PACKAGE):
-        return {}
-    trace_dir(cell, out_dir).mkdir(parents=True, exist_ok=True)
-    return {"HOROVOD_TIMELINE": str(trace_dir(cell, out_dir) / "horovod-timeline.json")}
-
-
-#: An overhead measurement's seconds besides its pairs, about: building its nine models, the
-#: warm-up rounds and the profiled steps (0.8-4.1 s here, 1.8 s on average over the six).
-SETUP_S = 2.0
-
-
-def overhead_seconds(config: BenchConfig, elapsed: float, left: list, done: list) -> float:
-    """Seconds of pairs for the overhead of ``left[0]``.
-
-    `elapsed`: seconds of the run so far; `left`: the cells still to launch, that one first;
-    `done`: the launches so far (runner.CellResult), whose mean time per group projects the
-    launches left (those that carried an overhead are not counted).
-    """
-    records = [result.to_dict() for result in done]
-    projected = sum(launch_cost(records, c.group) for c in left)
-    measures = max(1, sum(c.overhead is not None for c in left))
-    spare = config.time_budget - elapsed - projected - measures * SETUP_S
-    return max(0.0, min(config.overhead_seconds, spare / measures))
-
-
-SIZE = 256  # the kernel: LOOPS products of two SIZE x SIZE float32 matrices, one thread
-LOOPS = 20
-SAMPLES = 5  # timings per probe; the probe is their median
-
-
-def probe_ms() -> float:
-    """Median milliseconds of SAMPLES timings of the fixed kernel, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a = torch.full((SIZE, SIZE), 0.5)
-        b = torch.full((SIZE, SIZE), 0.25)
-        a @ b  # first call: allocations and dispatch, not timed
-        timings = []
-        for _ in range(SAMPLES):
-            start = time.perf_counter()
-            for _ in range(LOOPS):
-                a @ b
-            timings.append((time.perf_counter() - start) * 1000)
-        return statistics.median(timings)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def probe_summary(cells: list) -> Optional[dict]:
-    """The probes of a run's launches: count, median, min, max and spread ((max - min) / median), or None."""
-    probes = [c["probe_ms"] for c in cells if c.get("probe_ms") is not None]
-    if not probes:
-        return None
-    middle = statistics.median(probes)
-    return {
-        "kernel": f"{LOOPS} products of {SIZE}x{SIZE} float32 matrices, 1 thread, median of {SAMPLES}",
-        "count": len(probes),
-        "median_ms": round(middle, 3),
-        "min_ms": round(min(probes), 3),
-        "max_ms": round(max(probes), 3),
-        "spread": round((max(probes) - min(probes)) / middle, 4),
-    }
 
 
 def wide_groups(cells: list, noisy: float, scaling: tuple) -> list:
@@ -452,7 +310,7 @@ def wide_groups(cells: list, noisy: float, scaling: tuple) -> list:
     rows, estimates = training_rows(cells, tuple(scaling), noisy)
     widths: dict = {}
     for row, est in zip(rows, estimates):
-        if not est or row.get("setting", "default") != "default":
+        if not est:
             continue
         width = max(est["step"].halfwidth, est["x"].halfwidth)
         if width > noisy:
@@ -462,12 +320,8 @@ def wide_groups(cells: list, noisy: float, scaling: tuple) -> list:
 
 
 def launch_cost(cells: list, group: str) -> float:
-    """Mean seconds of the launches of `group` so far (not the one that also measured the abstraction overhead)."""
-    spent = [
-        c["elapsed_s"]
-        for c in cells
-        if c.get("group") == group and c["kind"] == "train" and not c.get("tag") and not c.get("overhead")
-    ]
+    """Mean seconds of the launches of `group` so far."""
+    spent = [c["elapsed_s"] for c in cells if c.get("group") == group and c["kind"] == "train" and not c.get("tag")]
     return statistics.fmean(spent) if spent else 0.0
 
 
@@ -477,14 +331,14 @@ def run_extra_launches(
     """Launch the still-wide cells of `planned` again (see the module's docstring); returns the
     new launches' results. `launch(cell)` runs one cell and returns its results (run_cells);
     `started` is the run's time.monotonic() start."""
-    cells = {c.group: c for c in planned if c.kind == "train" and c.repeat and not c.tag and not c.options}
+    cells = {c.group: c for c in planned if c.kind == "train" and c.repeat and not c.tag}
     extra: list = []
     for repeat in range(config.repeat + 1, config.max_repeat + 1):
         done = [r.to_dict() for r in results + extra]
         launched = len(extra)
         for group in wide_groups(done, config.noisy, config.scaling):
             if group in cells and time.monotonic() - started + launch_cost(done, group) <= config.time_budget:
-                extra += launch(replace(cells[group], repeat=repeat, sweep=False, overhead=None))
+                extra += launch(replace(cells[group], repeat=repeat, sweep=False))
         if len(extra) == launched:  # nothing wide, or nothing that fits the time left
             break
     return extra

@@ -1,24 +1,15 @@
-"""nccl-tests-style collective sweep one rank runs: paraflow's public call beside the raw library's.
+"""nccl-tests-style collective sweep one rank runs, on the backend's own library.
 
-For each collective, dtype and size: a warm-up (long enough for paraflow's check to settle into
-the form a repeated call takes), a barrier, then rounds in which the raw library's call and
-paraflow's public call each run once, timed alone, the order flipping every round: load that
-drifts during the sweep hits both alike, and every round is a pair. There are as many rounds as
-the size's operations (about BYTES_PER_SIZE bytes moved), at least `rounds`; a side's time per
-operation is the median over rounds. Then one checked operation per
-side on a known pattern: rank r holds (r + 1) * (i % 13 + 1) at element i, so every expected
-element is a small integer, exact in float32, float16 and bfloat16; elements that differ are
-counted as #wrong. Sizes follow nccl-tests: the whole buffer for allreduce and broadcast, the
-gathered output for allgather, the scattered input for reduce_scatter.
-
-paraflow's calls are the in-place ``allreduce_`` and ``broadcast_`` and the list-returning
-``allgather``, each with the cross-rank check and error translation every public collective has;
-reduce_scatter has no public call and is measured on the raw library only.
-
-The memory-copy bandwidth is the yardstick each backend's allreduce busbw is held to: for each
-size, a float32 buffer is copied into another (``dst.copy_(src)``) `iters` times, reported as
-size / time per copy: each byte counted once, as algbw counts it (STREAM's "copy" would count the
-read and the write, twice this figure).
+Each collective is the raw library's call (the backend's ``raw_loop``: torch.distributed's or
+horovod's, what training sends its gradients through), or paraflow's public call for a backend
+that names no raw library (reduce_scatter has no public call). For each collective and size
+(float32 elements): a warm-up, a barrier, then one timed operation per round, as many rounds as
+the size's operations (about BYTES_PER_SIZE bytes moved), at least `rounds`; the time per
+operation is the median over rounds. Then one checked operation on a known pattern: rank r holds
+(r + 1) * (i % 13 + 1) at element i, so every expected element is a small integer, exact in
+float32 (and in float16 and bfloat16); elements that differ are counted as #wrong. Sizes follow
+nccl-tests: the whole buffer for allreduce and broadcast, the gathered output for allgather, the
+scattered input for reduce_scatter.
 """
 
 from __future__ import annotations
@@ -32,31 +23,27 @@ from .train_loop import device_sync
 
 __all__ = [
     "run_sweep",
-    "run_memcpy",
     "iterations_for",
     "pattern",
     "expected",
     "count_wrong",
-    "DTYPES",
     "ROUNDS",
     "MIN_WARMUP",
 ]
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-#: Roughly this many bytes are moved per size and side, so small messages get many iterations:
-#: up to MAX_ITERS from LARGE_BYTES up, where paraflow's fixed cost is a few percent of the call
-#: and a 1 MB ratio over 200 pairs scatters about half as much between launches as over 40; below,
-#: where latency (and horovod's 1 ms cycle) sets the time, MAX_SMALL_ITERS resolve the ratio.
+#: Roughly this many bytes are moved per size, so small messages get many iterations: up to
+#: MAX_ITERS from LARGE_BYTES up, MAX_SMALL_ITERS below, where latency (and horovod's 1 ms cycle)
+#: sets the time.
 BYTES_PER_SIZE = 256 * 1024**2
 LARGE_BYTES = 1024**2
 MIN_ITERS, MAX_SMALL_ITERS, MAX_ITERS = 4, 40, 200
-ROUNDS = 12  # alternating raw / public pairs per size, at least (default)
-#: Warm-up calls per side (first calls allocate and connect).
+ROUNDS = 12  # timed operations per size, at least (default)
+#: Warm-up calls (first calls allocate and connect).
 MIN_WARMUP = 4
 
 
 def iterations_for(size_bytes: int) -> int:
-    """Timed operations per side for one message size: many for small messages, at least MIN_ITERS."""
+    """Timed operations for one message size: many for small messages, at least MIN_ITERS."""
     most = MAX_ITERS if size_bytes >= LARGE_BYTES else MAX_SMALL_ITERS
     return max(MIN_ITERS, min(most, BYTES_PER_SIZE // max(size_bytes, 1)))
 
@@ -90,25 +77,28 @@ def count_wrong(result, want: torch.Tensor) -> int:
     return int((result.to(want.device) != want).sum())
 
 
-def _calls(collective: str, backend, raw, n: int, count: int, dtype, device) -> dict:
-    """side -> (make its input buffer, the call on a buffer) for `collective`; count = elements per rank."""
+def _call(collective: str, backend, raw, n: int, count: int, device) -> tuple:
+    """(which call, its buffer's length, the call on a buffer) for `collective`; count = elements per rank."""
+    if raw is None:  # no raw library named: paraflow's public calls
+        public = {
+            "allreduce": lambda t: backend.allreduce_(t, "sum"),
+            "broadcast": lambda t: backend.broadcast_(t, 0),
+            "allgather": lambda t: backend.allgather(t),
+        }
+        if collective not in public:
+            raise ValueError(f"no {collective} to time under {backend.name}: paraflow has no public {collective}")
+        return "paraflow", count, public[collective]
     if collective == "allreduce":
-        sides = {"raw": raw.allreduce_, "public": lambda t: backend.allreduce_(t, "sum")}
-        size = count
-    elif collective == "broadcast":
-        sides = {"raw": lambda t: raw.broadcast_(t, 0), "public": lambda t: backend.broadcast_(t, 0)}
-        size = count
-    elif collective == "allgather":
-        out = torch.empty(count * n, dtype=dtype, device=device)
-        sides = {"raw": lambda t: raw.allgather(t, out), "public": backend.allgather}
-        size = count
-    elif collective == "reduce_scatter":
-        out = torch.empty(count, dtype=dtype, device=device)
-        sides = {"raw": lambda t: raw.reduce_scatter(t, out)}
-        size = count * n
-    else:
-        raise ValueError(f"unknown collective {collective!r}")
-    return {side: (size, call) for side, call in sides.items() if raw is not None or side != "raw"}
+        return "raw", count, raw.allreduce_
+    if collective == "broadcast":
+        return "raw", count, lambda t: raw.broadcast_(t, 0)
+    if collective == "allgather":
+        out = torch.empty(count * n, device=device)
+        return "raw", count, lambda t: raw.allgather(t, out)
+    if collective == "reduce_scatter":
+        out = torch.empty(count, device=device)
+        return "raw", count * n, lambda t: raw.reduce_scatter(t, out)
+    raise ValueError(f"unknown collective {collective!r}")
 
 
 def _timed(call, buffer, device) -> float:
@@ -118,88 +108,47 @@ def _timed(call, buffer, device) -> float:
     return time.perf_counter() - start
 
 
-def _one_size(backend, raw, collective: str, dtype_name: str, size: int, rounds: int) -> list:
+def _one_size(backend, raw, collective: str, size: int, rounds: int) -> dict:
     device, n, rank = backend.device, backend.world_size, backend.rank
-    dtype = DTYPES[dtype_name]
-    element = torch.tensor([], dtype=dtype).element_size()
-    per_rank = size // element if collective in ("allreduce", "broadcast") else size // (element * n)
-    count = max(1, per_rank)
-    sides = _calls(collective, backend, raw, n, count, dtype, device)
-    buffers = {side: torch.zeros(length, dtype=dtype, device=device) for side, (length, _) in sides.items()}
-    total_bytes = count * element * (1 if collective in ("allreduce", "broadcast") else n)
-    pairs = max(rounds, iterations_for(total_bytes))
-    for side, (_, call) in sides.items():
-        for _ in range(MIN_WARMUP):
-            call(buffers[side])
+    element = torch.tensor([]).element_size()
+    whole = collective in ("allreduce", "broadcast")
+    count = max(1, size // element if whole else size // (element * n))
+    impl, length, call = _call(collective, backend, raw, n, count, device)
+    buffer = torch.zeros(length, device=device)
+    total_bytes = count * element * (1 if whole else n)
+    iters = max(rounds, iterations_for(total_bytes))
+    for _ in range(MIN_WARMUP):
+        call(buffer)
     device_sync(device)
     backend.barrier()
-    times = {side: [] for side in sides}
-    for i in range(pairs):
-        for side in list(sides) if i % 2 == 0 else list(sides)[::-1]:
-            times[side].append(_timed(sides[side][1], buffers[side], device))
-    rows = []
-    for side, (length, call) in sides.items():
-        result = call(pattern(rank, length, dtype, device))
-        device_sync(device)
-        wrong = count_wrong(result, expected(collective, n, rank, count, dtype, device))
-        rows.append(
-            {
-                "collective": collective,
-                "impl": side,
-                "dtype": dtype_name,
-                "bytes": total_bytes,
-                "count": count * (1 if collective in ("allreduce", "broadcast") else n),
-                "iters": pairs,
-                "time_s": statistics.median(times[side]),
-                "round_s": times[side],
-                "wrong": wrong,
-            }
-        )
-    return rows
+    times = [_timed(call, buffer, device) for _ in range(iters)]
+    result = call(pattern(rank, length, device=device))
+    device_sync(device)
+    return {
+        "collective": collective,
+        "impl": impl,
+        "bytes": total_bytes,
+        "count": count * (1 if whole else n),
+        "iters": iters,
+        "time_s": statistics.median(times),
+        "round_s": times,
+        "wrong": count_wrong(result, expected(collective, n, rank, count, torch.float32, device)),
+    }
 
 
-def run_sweep(backend, raw, sizes: list, collectives: list, dtypes: list, rounds: int = ROUNDS) -> dict:
-    """Sweep `sizes` (bytes) for each collective and dtype; this rank's times and checks.
+def run_sweep(backend, raw, sizes: list, collectives: list, rounds: int = ROUNDS) -> dict:
+    """Sweep `sizes` (bytes) for each collective; this rank's times and checks.
 
-    `raw` is the backend's ``raw_loop`` (None: paraflow's calls only).
-    A collective or dtype the library refuses becomes an entry of "unsupported" with the error.
+    `raw` is the backend's ``raw_loop`` (None: paraflow's public calls).
+    A collective the library refuses becomes an entry of "unsupported" with the error.
     """
     rows, unsupported = [], []
     for collective in collectives:
-        for dtype_name in dtypes:
-            try:
-                for size in sizes:
-                    rows += _one_size(backend, raw, collective, dtype_name, size, rounds)
-            except (ValueError, TypeError, RuntimeError) as exc:  # horovod refuses bfloat16, for one
-                if backend.world_size > 1:
-                    backend.barrier()  # every rank refuses alike; realign before the next one
-                unsupported.append({"collective": collective, "dtype": dtype_name, "error": str(exc)[:200]})
+        try:
+            for size in sizes:
+                rows.append(_one_size(backend, raw, collective, size, rounds))
+        except (ValueError, TypeError, RuntimeError) as exc:
+            if backend.world_size > 1:
+                backend.barrier()  # every rank refuses alike; realign before the next one
+            unsupported.append({"collective": collective, "error": str(exc)[:200]})
     return {"world_size": backend.world_size, "device": str(backend.device), "rows": rows, "unsupported": unsupported}
-
-
-def _copy_sweep(sizes: list[int], device: torch.device, warmup: int = 2) -> list[dict]:
-    element = torch.tensor([], dtype=torch.float32).element_size()
-    rows = []
-    for size in sizes:
-        count = max(1, size // element)
-        src = torch.ones(count, dtype=torch.float32, device=device)
-        dst = torch.empty_like(src)
-        iters = max(10, iterations_for(count * element))  # copies are cheap: at least 10
-        for _ in range(warmup):
-            dst.copy_(src)
-        device_sync(device)
-        start = time.perf_counter()
-        for _ in range(iters):
-            dst.copy_(src)
-        device_sync(device)
-        rows.append({"bytes": count * element, "iters": iters, "time_s": (time.perf_counter() - start) / iters})
-    return rows
-
-
-def run_memcpy(sizes: list[int], threads: int) -> dict:
-    """Copy bandwidth on the CPU with `threads` threads (the count each rank uses), and on GPU 0 if present."""
-    torch.set_num_threads(threads)
-    result = {"threads": threads, "devices": {"cpu": _copy_sweep(sizes, torch.device("cpu"))}}
-    if torch.cuda.is_available():
-        result["devices"]["cuda"] = _copy_sweep(sizes, torch.device("cuda", 0))
-    return result

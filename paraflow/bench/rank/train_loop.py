@@ -19,32 +19,6 @@ tensors themselves, not from the process's memory: a replicating backend (DDP, h
 whole of each, a sharding one (fsdp) only its DTensor shards, so the ratio between them is what
 sharding saves, free of the runtime's own memory. Buffers, gradient buckets and parameters gathered
 for the duration of a forward are not model state held between steps and are left out.
-
-`paraflow bench --trace`: a few steps under torch.profiler, written as a Chrome trace per rank. The
-trace launches are extra launches of their own (their numbers stay out of the tables), so the
-profiler never slows a timed step. Open a file in chrome://tracing or https://ui.perfetto.dev.
-Horovod's own timeline (HOROVOD_TIMELINE, set by the benchmark for horovod's trace launches) shows
-its negotiation, fusion and allreduces beside it.
-
-The step breakdown: where a step's time goes, per rank: timestamps on the interleaved sync / no-sync pairs.
-
-The pairs the communication overhead already runs (a step with gradient sync beside one
-without, order alternating) are timed in parts, so the breakdown costs no extra steps:
-
-- clocks in the step itself: after zero_grad, after backward returns, after optimizer.step;
-- gradient-ready hooks (``register_post_accumulate_grad_hook``): the first gradient ready is when
-  communication can start, the last is the end of backward's compute;
-- for an optimizer that waits for the gradients in ``step()`` (horovod's ``synchronize``), the
-  start and end of that wait.
-
-From one pair (s synced, n not): compute = n's forward + backward; optimizer = n's optimizer step
-(a local update); exposed = what s waits for communication after its compute: (s's backward tail
-after the last gradient - n's tail; DDP and fsdp wait for their buckets there) + s's wait in
-``synchronize``; overlapped = s's backward from the first gradient ready to the last, while
-communication is pending (an upper bound: the span in which it can run hidden); other = s's step
-- compute - exposed - optimizer (to device, zero_grad, device sync, and compute slowed by
-communication sharing the cores). Without gradient hooks (a backend whose parameters take their
-gradients outside autograd's accumulation) the tail is the whole backward and overlapped is None.
 """
 
 from __future__ import annotations
@@ -52,11 +26,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import re
 import statistics
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Callable, ContextManager, Optional
 
 import torch
@@ -65,7 +37,6 @@ from torch import nn
 
 from ...examples.data import load_dataset
 from ...examples.models import build_model
-from ..backends import no_sync_communicates
 from ..model_spec import ModelSpec
 from .factory import batch_samples, build_factory, call_model, model_facts, take, to_device
 
@@ -82,15 +53,7 @@ __all__ = [
     "warm_up",
     "settled",
     "model_state_bytes",
-    "write_trace",
-    "trace_name",
     "run_pairs",
-    "step_parts",
-    "pair_breakdown",
-    "window_breakdown",
-    "gradient_clock",
-    "timed_synchronize",
-    "PARTS",
 ]
 
 LEARNING_RATE = 0.05
@@ -162,30 +125,20 @@ def make_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     device: torch.device,
-    marks: Optional[dict] = None,
     loss_fn: Optional[Callable] = None,
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """One training step as every backend runs it: to device, zero grads, forward, backward, step.
 
-    With `marks`, each step stores in it the clock after zero_grad ("zeroed"), after backward
-    ("backward") and after the optimizer step ("optimizer"), for the step breakdown. The loss is
-    `loss_fn(output, targets)`, cross-entropy by default.
+    The loss is `loss_fn(output, targets)`, cross-entropy by default.
     """
-    clock = time.perf_counter
     loss_fn = loss_fn or F.cross_entropy
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         x, y = to_device(x, device), y.to(device)
         optimizer.zero_grad()  # torch >= 2: set_to_none=True
-        if marks is not None:
-            marks["zeroed"] = clock()
         loss = loss_fn(call_model(model, x), y)
         loss.backward()
-        if marks is not None:
-            marks["backward"] = clock()
         optimizer.step()
-        if marks is not None:
-            marks["optimizer"] = clock()
         return loss.detach()
 
     return step
@@ -217,8 +170,9 @@ def timed_steps(warm_step_s: list, min_steps: int, min_window_s: float) -> int:
 def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> dict:
     """Time the steps of `spec` under `backend` after a warm-up; this rank's numbers.
 
-    `settings` carries the worker's arguments: data, batch_size, warmup (steps, at least),
-    max_warmup (seconds), steps, min_window (seconds), seed. `scaling` "weak" gives every rank
+    `settings` carries the worker's task (BenchConfig's fields of driver/runner.py's TASK_FIELDS,
+    and compile): data, batch_size, warmup (steps, at least), max_warmup (seconds), steps,
+    min_window (seconds), seed, input_shape, classes. `scaling` "weak" gives every rank
     `batch_size` samples per step; "strong" splits a global batch of `batch_size` over the
     ranks. Warm-up runs until step times settle (warm_up, below). The timed window has at least
     `steps` steps and lasts at least about `min_window`; then, for multi-process backends, half
@@ -247,7 +201,7 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         module = build_model(spec.name, in_shape, classes, **spec.kwargs)
     else:  # your factory: its own batch, or a synthetic one of --input-shape (factory.py)
         reset_peak_memory(device)
-        input_shape, classes = getattr(settings, "input_shape", None), getattr(settings, "classes", 10)
+        input_shape, classes = settings.input_shape, settings.classes
         built = build_factory(spec, input_shape, classes, step_batch, seed, device)
         module, loss_fn = built.module, built.loss
         inputs, targets = built.inputs, built.targets
@@ -256,11 +210,10 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         step_batch = per_rank = batch_samples(inputs)
         batches = itertools.repeat((inputs, targets))
     facts = model_facts(module)
-    compiled = bool(getattr(settings, "compile", False))
+    compiled = bool(settings.compile)
     model = backend.wrap_model(module, **({"compile": True} if compiled else {}))  # a plugin may predate compile=
     optimizer = backend.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9), model)
-    marks: dict = {}
-    step = make_step(model, optimizer, device, marks, loss_fn)
+    step = make_step(model, optimizer, device, loss_fn)
 
     def one_step() -> float:
         loss = step(*next(batches))
@@ -275,16 +228,14 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
     steps = timed_steps(warm["warmup_s"], min_steps, min_window_s)
     backend.barrier()
 
-    step_s, losses, parts = [], [], []
+    step_s, losses = [], []
     window_start = time.perf_counter()
     for _ in range(steps):
         t0 = time.perf_counter()
         loss = step(*next(batches))
         device_sync(device)
-        t1 = time.perf_counter()
-        step_s.append(t1 - t0)
+        step_s.append(time.perf_counter() - t0)
         losses.append(loss)
-        parts.append(step_parts(marks, t0, t1))
     window_s = time.perf_counter() - window_start
     result = {
         "model": spec.label,
@@ -309,18 +260,11 @@ def run_training(backend, spec: ModelSpec, settings, scaling: str = "weak") -> d
         "model_state_bytes": model_state_bytes(model, optimizer),  # after a step: gradients and state exist
     }
 
-    if backend.MULTI_PROCESS:
-        # Communication overhead and the step breakdown: pairs of steps with and without gradient
-        # sync, order alternating, timed in parts (run_pairs, below).
+    if backend.MULTI_PROCESS:  # the communication overhead: pairs of steps with and without gradient sync
         backend.barrier()
-        result.update(run_pairs(backend, model, optimizer, step, marks, batches, max(1, (steps + 1) // 2)))
-    else:
-        result["breakdown"] = window_breakdown(parts)  # one process: nothing to communicate
+        result.update(run_pairs(backend, model, optimizer, step, batches, max(1, (steps + 1) // 2)))
 
     result.update(peak_memory(device))
-    if getattr(settings, "trace", None):  # after every measurement: the profiler slows what it records
-        name = spec.label if scaling == "weak" else f"{spec.label} {scaling}"
-        result["trace"] = write_trace(backend, step, batches, settings.trace, name)
     backend.barrier()
     return result
 
@@ -401,157 +345,17 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
     }
 
 
-#: Steps recorded: enough to show a steady step between its neighbours, small enough to open quickly.
-TRACE_STEPS = 3
-
-
-def trace_name(model_label: str, rank: int) -> str:
-    """ "mlp(width=16)", 1 -> "mlp-width-16-rank1.json" (a plain file name)."""
-    return f"{re.sub(r'[^A-Za-z0-9]+', '-', model_label).strip('-')}-rank{rank}.json"
-
-
-def write_trace(backend, step: Callable, batches: Iterator, directory: Path, model_label: str) -> str:
-    """Profile TRACE_STEPS steps of `step` and write this rank's Chrome trace under `directory`."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    activities = [ProfilerActivity.CPU]
-    if backend.device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    backend.barrier()
-    with profile(activities=activities) as prof:
-        for i in range(TRACE_STEPS):
-            with record_function(f"paraflow step {i}"):
-                step(*next(batches))
-                device_sync(backend.device)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / trace_name(model_label, backend.rank)
-    prof.export_chrome_trace(str(path))
-    return str(path)
-
-
-#: Per-pair lists a rank writes under "breakdown" (seconds); `step_s` is the synced step they split.
-PARTS = ("compute_s", "overlapped_comm_s", "exposed_comm_s", "optimizer_s", "step_s")
-
-
-@contextlib.contextmanager
-def gradient_clock(model: torch.nn.Module, marks: dict) -> Iterator[None]:
-    """Record in `marks` the first ("first_grad") and last ("last_grad") gradient ready of each backward."""
-
-    def ready(_param: torch.Tensor) -> None:
-        now = time.perf_counter()
-        marks.setdefault("first_grad", now)
-        marks["last_grad"] = now
-
-    handles = [p.register_post_accumulate_grad_hook(ready) for p in model.parameters() if p.requires_grad]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-@contextlib.contextmanager
-def timed_synchronize(optimizer, marks: dict) -> Iterator[None]:
-    """Record the start and end of the optimizer's gradient wait (horovod's ``synchronize``), if it has one."""
-    synchronize = getattr(optimizer, "synchronize", None)
-    if not callable(synchronize):
-        yield
-        return
-
-    def timed() -> None:
-        marks["sync_start"] = time.perf_counter()
-        try:
-            return synchronize()
-        finally:
-            marks["sync_end"] = time.perf_counter()
-
-    optimizer.synchronize = timed
-    try:
-        yield
-    finally:
-        optimizer.synchronize = synchronize
-
-
-def step_parts(marks: dict, start: float, end: float) -> dict:
-    """One step's durations (seconds) from its marks, taken between `start` and `end`."""
-    zeroed, backward, optimizer = marks["zeroed"], marks["backward"], marks["optimizer"]
-    last = marks.get("last_grad")
-    first = marks.get("first_grad")
-    return {
-        "step": end - start,
-        "forward_backward": backward - zeroed,
-        "optimizer": optimizer - backward,
-        "tail": backward - (last if last is not None else zeroed),
-        "wait": marks["sync_end"] - marks["sync_start"] if "sync_end" in marks else 0.0,
-        "overlap_window": None if first is None else last - first,
-    }
-
-
-def pair_breakdown(synced: dict, unsynced: dict, whole: bool = False) -> dict:
-    """The breakdown (seconds) of a synced step, from it and the unsynced step of its pair.
-
-    `whole`: the backend still communicates without gradient sync (fsdp gathers its parameters),
-    so gradients are not ready at comparable moments: exposed communication is the whole
-    forward + backward difference, and overlapped communication is not measured.
-    """
-    compute = unsynced["forward_backward"]
-    optimizer = unsynced["optimizer"] - unsynced["wait"]
-    if whole:
-        exposed = synced["forward_backward"] - unsynced["forward_backward"] + synced["wait"] - unsynced["wait"]
-    else:
-        exposed = synced["tail"] - unsynced["tail"] + synced["wait"] - unsynced["wait"]
-    return {
-        "compute_s": compute,
-        "overlapped_comm_s": None if whole else synced["overlap_window"],
-        "exposed_comm_s": exposed,
-        "optimizer_s": optimizer,
-        "step_s": synced["step"],
-    }
-
-
-def window_breakdown(parts: list) -> dict:
-    """The breakdown of steps that do not communicate (one process): no communication at all."""
-    return {
-        "compute_s": [p["forward_backward"] for p in parts],
-        "overlapped_comm_s": [0.0] * len(parts),
-        "exposed_comm_s": [0.0] * len(parts),
-        "optimizer_s": [p["optimizer"] for p in parts],
-        "step_s": [p["step"] for p in parts],
-    }
-
-
-def run_pairs(
-    backend, model: torch.nn.Module, optimizer, step: Callable, marks: dict, batches: Iterator, pairs: int
-) -> dict:
-    """`pairs` pairs of steps with and without gradient sync, order alternating, timed in parts.
-
-    `step` must fill `marks` (train_loop.make_step with marks). Returns sync_pair_step_s,
-    no_sync_step_s and breakdown (lists of PARTS, one value per pair).
-    """
-    device = backend.device
+def run_pairs(backend, model: torch.nn.Module, optimizer, step: Callable, batches: Iterator, pairs: int) -> dict:
+    """`pairs` pairs of steps with and without gradient sync, order alternating; their times."""
     sync_s, no_sync_s = [], []
-    breakdown: dict = {key: [] for key in PARTS}
-    with gradient_clock(model, marks), timed_synchronize(optimizer, marks):
-        for i in range(pairs):
-            parts = {}
-            for synced in (True, False) if i % 2 == 0 else (False, True):
-                marks.clear()
-                t0 = time.perf_counter()
-                if synced:
+    for i in range(pairs):
+        for synced in (True, False) if i % 2 == 0 else (False, True):
+            t0 = time.perf_counter()
+            if synced:
+                step(*next(batches))
+            else:
+                with backend.no_sync(model), local_update(optimizer):
                     step(*next(batches))
-                else:
-                    with backend.no_sync(model), local_update(optimizer):
-                        step(*next(batches))
-                device_sync(device)
-                t1 = time.perf_counter()
-                (sync_s if synced else no_sync_s).append(t1 - t0)
-                parts[synced] = step_parts(marks, t0, t1)
-            whole = no_sync_communicates(backend.name)
-            for key, value in pair_breakdown(parts[True], parts[False], whole).items():
-                breakdown[key].append(value)
-    return {"sync_pair_step_s": sync_s, "no_sync_step_s": no_sync_s, "breakdown": _none_if_missing(breakdown)}
-
-
-def _none_if_missing(breakdown: dict) -> dict:
-    """A part no step could measure (no gradient hook fired) is None rather than a list of Nones."""
-    return {k: (None if any(v is None for v in values) else values) for k, values in breakdown.items()}
+            device_sync(backend.device)
+            (sync_s if synced else no_sync_s).append(time.perf_counter() - t0)
+    return {"sync_pair_step_s": sync_s, "no_sync_step_s": no_sync_s}

@@ -1,10 +1,8 @@
 """What each rank of a benchmark launch runs; writes its raw numbers to OUT/rank<R>.json.
 
-    <launcher> python -m paraflow.bench.rank.worker --out DIR --backend NAME --model mlp --model cnn \
-        [--sweep-sizes 4096,65536 --collectives allreduce,allgather --dtypes float32] [--scaling weak,strong] \
-        [--overhead mlp --overhead-pairs 150 --overhead-seconds 8] ...
-    python -m paraflow.bench.rank.worker --out DIR --memcpy-sizes 4096,65536 --threads 1
+    <launcher> python -m paraflow.bench.rank.worker --out DIR --task '{"backend": "ddp-gloo", ...}'
 
+The task is the cell's part of the run's BenchConfig (driver/runner.py's worker_args), as JSON.
 The file is rewritten after every task, so a launch that dies part-way keeps what it finished.
 """
 
@@ -16,6 +14,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -40,131 +39,55 @@ class RankFile:
         os.replace(tmp, self.path)
 
 
-def _sizes(text: str) -> list[int]:
-    return [int(s) for s in text.split(",") if s]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="folder for rank<R>.json")
-    p.add_argument("--backend", help="paraflow backend to train under")
-    p.add_argument("--model", action="append", default=[], help="model spec to train (repeatable)")
-    p.add_argument("--sweep-sizes", type=_sizes, default=[], help="comma-separated bytes for the collective sweep")
-    p.add_argument("--collectives", default="allreduce", help="comma-separated collectives for the sweep")
-    p.add_argument("--dtypes", default="float32", help="comma-separated dtypes for the sweep")
-    p.add_argument("--rounds", type=int, default=12, help="alternating raw / paraflow pairs per sweep size, at least")
-    p.add_argument("--scaling", default="weak", help="weak, strong or weak,strong")
-    p.add_argument("--max-warmup", type=float, default=2.0, help="seconds of warm-up steps, at most")
-    p.add_argument("--pin", action="store_true", help="bind this rank to cores of its own")
-    p.add_argument("--memcpy-sizes", type=_sizes, default=[], help="comma-separated bytes")
-    p.add_argument("--overhead", help="model spec for paraflow-vs-raw abstraction overhead, after training")
-    p.add_argument("--overhead-pairs", type=int, default=150, help="overhead: paraflow/raw/control step pairs")
-    p.add_argument("--overhead-seconds", type=float, default=20.0, help="overhead: seconds of pairs, about, at most")
-    p.add_argument("--threads", type=int, default=None, help="torch threads for the memory copy")
-    p.add_argument("--data", default="synthetic")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--input-shape", type=_sizes, default=None, help="one sample's shape for a factory's bare module")
-    p.add_argument("--classes", type=int, default=10, help="classes of that module's synthetic batch")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=30, help="timed steps, at least")
-    p.add_argument("--min-window", type=float, default=0.0, help="seconds the timed window lasts, at least")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trace", type=Path, default=None, help="write a Chrome trace of a few steps per model here")
-    p.add_argument("--option", action="append", default=[], help="backend option KEY=VALUE (repeatable)")
-    p.add_argument("--compile", action="store_true", help="wrap_model(model, compile=True)")
+    p.add_argument("--task", required=True, type=json.loads, help="what to run, as JSON (see the module doc)")
     return p.parse_args(argv)
 
 
-def _meta(backend=None, pinned=None) -> dict:
-    meta = {
+def _meta(backend) -> dict:
+    return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "torch_threads": torch.get_num_threads(),
-        "pinned_cores": pinned,
+        "rank": backend.rank,
+        "world_size": backend.world_size,
+        "local_rank": backend.local_rank,
+        "local_world_size": backend.local_world_size,
+        "backend": backend.name,
+        "launcher": backend.launcher,
+        "transport": backend.transport or "none",
+        "device": str(backend.device),
     }
-    if backend is not None:
-        meta.update(
-            rank=backend.rank,
-            world_size=backend.world_size,
-            local_rank=backend.local_rank,
-            local_world_size=backend.local_world_size,
-            backend=backend.name,
-            launcher=backend.launcher,
-            transport=backend.transport or "none",
-            device=str(backend.device),
-        )
-    else:
-        meta.update(rank=0, world_size=1, local_rank=0, local_world_size=1, device="cpu")
-    return meta
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    threads = args.threads or int(os.environ.get("PARAFLOW_NUM_THREADS", "1"))
-    pinned: list = []  # filled by pin() with the cores taken
-    free: dict = {}
-
-    def pin(local_rank: int) -> None:
-        """Pin once the communication libraries have started their threads (see pinning.py)."""
-        if args.pin:
-            from .pinning import free_threads, idle_polling_loops, pin_rank
-
-            pinned.extend(pin_rank(threads, local_rank) or [])
-            free["free_threads"] = free_threads(pinned) if pinned else None
-            free["idle_loops"] = idle_polling_loops() if pinned else None
-
-    if args.memcpy_sizes:
-        from .sweep import run_memcpy
-
-        pin(0)
-        result = run_memcpy(args.memcpy_sizes, threads)
-        RankFile(args.out, 0, _meta(pinned=pinned or None)).add("memcpy", result)
-        return 0
-    if not args.backend:
-        print("worker: --backend is required for training, allreduce and overhead tasks", file=sys.stderr)
-        return 2
+    task = SimpleNamespace(**args.task)
 
     import paraflow
 
-    from ..model_spec import ModelSpec, option_value
+    from ..model_spec import ModelSpec
     from ..report.launches import TASK_PREFIX
     from .train_loop import run_training
 
-    options = {k: option_value(v) for k, _, v in (o.partition("=") for o in args.option)}
-    with paraflow.init(args.backend, **options) as backend:
-        pin(backend.local_rank)
-        meta = {**_meta(backend, pinned or None), **free, "options": options}
-        rank_file = RankFile(args.out, backend.rank, meta)
-        for text in args.model:
+    with paraflow.init(task.backend) as backend:
+        rank_file = RankFile(args.out, backend.rank, _meta(backend))
+        for text in task.models:
             spec = ModelSpec.parse(text)
-            for scaling in args.scaling.split(","):
+            for scaling in task.scaling:
                 if scaling == "strong" and backend.world_size == 1:
                     continue  # one process: the same run as weak scaling
-                result = run_training(backend, spec, args, scaling)
+                result = run_training(backend, spec, task, scaling)
                 rank_file.add(f"{TASK_PREFIX[scaling]}/{spec}", result)
-        if args.sweep_sizes:
+        if task.sweep_sizes:
             from ..backends import raw_loop
             from .sweep import run_sweep
 
-            raw = raw_loop(args.backend)
-            collectives, dtypes = args.collectives.split(","), args.dtypes.split(",")
-            sweep = run_sweep(backend, raw, args.sweep_sizes, collectives, dtypes, rounds=args.rounds)
+            sweep = run_sweep(backend, raw_loop(task.backend), task.sweep_sizes, task.collectives)
             rank_file.add("sweep", sweep)
-        if args.overhead:
-            from .overhead import run_overhead
-
-            overhead = run_overhead(
-                backend,
-                ModelSpec.parse(args.overhead),
-                args.data,
-                args.batch_size,
-                args.warmup,
-                args.overhead_pairs,
-                args.seed,
-                args.overhead_seconds,
-            )
-            rank_file.add("overhead", overhead)
     return 0
 
 

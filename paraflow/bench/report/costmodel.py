@@ -38,8 +38,8 @@ predicted step = compute + the modelled time of the messages the backend sends p
 overlap: on a CPU host the library's threads and the backward pass share the same cores, so
 communication is taken to add to the step (the comm overhead column measures how far that holds).
 
-compute: the row's ``compute_ms`` where the table has it, else the median step without gradient
-sync that the comm overhead measurement records (forward, backward, local optimizer update).
+compute: the median step without gradient sync that the comm overhead measurement records
+(forward, backward, local optimizer update).
 
 Messages per step, from the model's own parameter tensors where the model can be rebuilt from its
 spec (else from the gradient bytes alone):
@@ -67,26 +67,14 @@ stated link's rate times TCP's payload share (1448 of every 1514 bytes on the wi
 communication with compute, as in the predictions; efficiency = compute / projected step (the step
 without communication as the one-rank baseline), samples/s = N × batch per rank / step.
 
-:func:`published_comparison` holds the same form against Horovod's published weak scaling on 512
-GPUs (128 servers × 4 Pascal GPUs, 25 Gbit/s RoCE): 90 % for Inception V3 and ResNet-101, 68 % for
-VGG-16, at batch 64 per GPU. Compute per step = 64 / the model's single-P100 throughput in
-TensorFlow's tf_cnn_benchmarks (DGX-1, synthetic data, batch 64: Inception V3 142 images/s, VGG-16
-154; ResNet-101 is not in that table and is interpolated by its FLOPs between ResNet-50, 219, and
-ResNet-152, 91.8: 129). The gradient is one flat ring over all 512 GPUs (NCCL, as Horovod ran then)
-whose slowest hop is each server's 25 Gbit/s link, fused in buffers of 64 MiB (the fusion
-threshold's default then) after one 5 ms cycle (the cycle time's default then), with a stated α per
-ring step. Two bounds: no overlap, and overlap with
-the backward pass (2/3 of compute) of everything but the last fused buffer.
-
 paraflow bench project
 ----------------------
 
 ``paraflow bench project DIR``: the cost model from a results folder, running nothing.
 
 Rebuilds every table from the folder's raw numbers (so an older run gets the model too), prints
-the fits, the predictions, the projection and the published comparison, and writes
-``projection.json``, ``costmodel.csv``, ``projection.csv``, ``published.csv`` and
-``projection.png`` into the folder.
+the fits, the predictions and the projection, and writes ``projection.json``, ``costmodel.csv``
+and ``projection.csv`` into the folder.
 """
 
 from __future__ import annotations
@@ -103,8 +91,8 @@ from ..model_spec import ModelSpec
 from . import metrics
 from .launches import TASK_PREFIX, groups, rounded, task_of
 
-__all__ = ["fit_sweep", "predict_rows", "project", "published_comparison", "model_tables", "KEYS"]
-__all__ += ["FIT_COLUMNS", "PROJECTION_COLUMNS", "PUBLISHED_COLUMNS", "PREDICTION_COLUMNS"]
+__all__ = ["fit_sweep", "predict_rows", "project", "model_tables", "KEYS"]
+__all__ += ["FIT_COLUMNS", "PROJECTION_COLUMNS", "PREDICTION_COLUMNS"]
 
 ALGORITHMS = {
     "ring": "2(n-1)·α + 2(n-1)/n·S/B",
@@ -196,21 +184,17 @@ def fit_alpha_beta(
 
 
 def fit_sweep(sweep: list, header: Optional[dict] = None) -> list:
-    """One fit per backend, launcher and process count from the sweep table's float32 allreduce rows.
-
-    Uses the raw library's time (what training sends goes through the library's own call), the
-    paraflow call's where the raw one is missing.
-    """
+    """One fit per backend, launcher and process count from the sweep table's float32 allreduce rows
+    (the library's own call, which training sends its gradients through)."""
     grouped: dict = {}
     for row in sweep:
-        if row.get("collective") != "allreduce" or row.get("dtype") != "float32" or row.get("size_bytes") is None:
+        if row.get("collective") != "allreduce" or row.get("size_bytes") is None:
             continue
         if not str(row.get("status", "")).startswith("ok"):
             continue
         key = (row["backend"], row["launcher"], row["transport"], row["processes"])
-        time_us = row.get("raw_time_us") if row.get("raw_time_us") is not None else row.get("time_us")
-        if time_us:
-            grouped.setdefault(key, []).append((row["size_bytes"], time_us * 1e-6))
+        if row.get("time_us"):
+            grouped.setdefault(key, []).append((row["size_bytes"], row["time_us"] * 1e-6))
     cluster = (header or {}).get("cluster")
     link = f"{cluster['hosts']} hosts, {cluster['bandwidth']}" if cluster else "one host"
     fits = []
@@ -361,8 +345,6 @@ def predict_rows(training: list, fits: list, cells: list) -> list:
     for row in training:
         fit = by_cell.get((row["backend"], row["launcher"], row["processes"]))
         fact = measured.get((row["model"], row["scaling"], row["backend"], row["launcher"], row["processes"]))
-        if row.get("setting", "default") != "default":  # a tuned row's messages differ from the defaults'
-            continue
         if fit is None or fact is None or row.get("step_ms_median") is None:
             continue
         unknown = no_model_reason(row["backend"])
@@ -370,9 +352,7 @@ def predict_rows(training: list, fits: list, cells: list) -> list:
             details.append({k: row.get(k) for k in ("model", "scaling", "backend", "launcher", "processes")})
             details[-1].update(link=fit["link"], measured_step_ms=row["step_ms_median"], status=unknown)
             continue
-        compute = row.get("compute_ms")
-        source = "compute_ms" if compute is not None else "no-sync step"
-        compute = compute if compute is not None else fact["no_sync_ms"]
+        compute, source = fact["no_sync_ms"], "no-sync step"
         if compute is None:
             continue
         if fact["spec"] not in sizes:
@@ -418,23 +398,6 @@ def predict_rows(training: list, fits: list, cells: list) -> list:
 HOSTS = (8, 32, 128)
 LINKS_GBIT = (10, 100)
 PAYLOAD_SHARE = 1448 / 1514  # TCP payload per Ethernet frame
-BACKWARD_SHARE = 2 / 3  # backward ≈ twice forward's FLOPs
-
-#: model -> (parameters, single-P100 images/s at batch 64, Horovod's published efficiency on 512 GPUs)
-PUBLISHED = {
-    "Inception V3": (23_800_000, 142.0, 0.90),
-    "ResNet-101": (44_500_000, 129.0, 0.90),
-    "VGG-16": (138_000_000, 154.0, 0.68),
-}
-
-
-def exposed_s(times: list, compute_s: float, hidden_share: float) -> float:
-    """Communication the step waits for: all of it with no overlap (`hidden_share` 0), else what
-    exceeds `hidden_share` of compute, and never less than the last message."""
-    total = sum(times)
-    if hidden_share <= 0 or not times:
-        return total
-    return max(total - hidden_share * compute_s, times[-1])
 
 
 def _link_bandwidth(gbit: float) -> float:
@@ -472,48 +435,6 @@ def project(details: list, hosts: tuple = HOSTS, links: tuple = LINKS_GBIT) -> l
     return rows
 
 
-def published_comparison(
-    alpha_s: float = 10e-6,
-    link_gbit: float = 25.0,
-    servers: int = 128,
-    gpus_per_server: int = 4,
-    batch: int = 64,
-    fusion_bytes: int = 64 * 1024 * 1024,
-    cycle_s: float = 5e-3,
-) -> list:
-    """Projected against Horovod's published 512-GPU efficiencies, one row per model (see the module
-    docstring for every assumption); efficiencies with no overlap and with backward overlap."""
-    n = servers * gpus_per_server
-    bandwidth = _link_bandwidth(link_gbit)
-    rows = []
-    for model, (parameters, images_per_s, published) in PUBLISHED.items():
-        grad = parameters * 4
-        compute = batch / images_per_s
-        parts = messages("horovod", grad, fusion=fusion_bytes)
-        times = [allreduce_s(alpha_s, bandwidth, size, n, "ring") for _, size in parts]
-        times[0] += cycle_s  # one cycle of horovod's background thread before the first buffer goes out
-        plain = compute / (compute + exposed_s(times, compute, 0))
-        overlapped = compute / (compute + exposed_s(times, compute, BACKWARD_SHARE))
-        rows.append(
-            {
-                "model": model,
-                "parameters": parameters,
-                "grad_mb": rounded(grad / 1e6, 1),
-                "messages": len(parts),
-                "compute_ms": rounded(compute * 1e3, 1),
-                "comm_ms": rounded(sum(times) * 1e3, 1),
-                "latency_ms": rounded((len(parts) * 2 * (n - 1) * alpha_s + cycle_s) * 1e3, 1),
-                "efficiency_no_overlap": rounded(plain, 3),
-                "efficiency_overlap": rounded(overlapped, 3),
-                "published": published,
-                "gpus": n,
-                "link": f"{link_gbit:g} Gbit/s",
-                "alpha_us": rounded(alpha_s * 1e6, 2),
-            }
-        )
-    return rows
-
-
 PROJECTION_COLUMNS = {
     "model": "model",
     "backend": "backend",
@@ -526,18 +447,6 @@ PROJECTION_COLUMNS = {
     "samples_per_s": "samples/s",
     "efficiency": "weak-scaling eff",
 }
-PUBLISHED_COLUMNS = {
-    "model": "model",
-    "parameters": "params",
-    "grad_mb": "grad MB",
-    "messages": "fused buffers",
-    "compute_ms": "compute ms (P100, batch 64)",
-    "comm_ms": "allreduce ms",
-    "latency_ms": "of which latency ms",
-    "efficiency_no_overlap": "projected eff, no overlap",
-    "efficiency_overlap": "projected eff, backward overlap",
-    "published": "published eff",
-}
 MODEL_NOTE = (
     "PROJECTION, not measurement: one rank per host, the fitted latency α of each backend, the link's rate x "
     "1448/1514 (TCP payload) as bandwidth (or the fitted one), no overlap of communication with compute; "
@@ -546,7 +455,7 @@ MODEL_NOTE = (
 
 
 def model_tables(cells: list, training: list, sweep: list, header: Optional[dict] = None) -> dict:
-    """costmodel_fit, predictions (what each training row's prediction used), projection, published.
+    """costmodel_fit, predictions (what each training row's prediction used) and projection.
 
     Adds predicted_step_ms and prediction_error to the multi-process rows of `training` in place.
     """
@@ -556,7 +465,6 @@ def model_tables(cells: list, training: list, sweep: list, header: Optional[dict
         "costmodel_fit": fits,
         "predictions": details,
         "projection": project(details),
-        "published": published_comparison(),
     }
 
 
@@ -575,4 +483,4 @@ PREDICTION_COLUMNS = {
     "prediction_error": "prediction error",
     "status": "status",
 }
-KEYS = ("costmodel_fit", "predictions", "projection", "published")
+KEYS = ("costmodel_fit", "predictions", "projection")

@@ -16,9 +16,7 @@ __all__ = [
     "collect_header",
     "header_lines",
     "busy_warning",
-    "binding_summary",
     "cluster_line",
-    "probe_line",
     "extra_launches_line",
     "UNITS",
 ]
@@ -103,30 +101,6 @@ def cluster_line(cluster: dict) -> str:
     )
 
 
-def binding_summary(cells: list, pin: bool) -> str:
-    """How each rank's threads were placed: the cores each local rank was pinned to, per process count."""
-    if not pin:
-        return "none: the OS placed every thread"
-    seen: dict = {}
-    idle_loops = 0
-    for cell in cells:
-        for rank in cell.get("ranks") or []:
-            idle_loops += rank.get("idle_loops") or 0
-            if rank.get("pinned_cores") is not None and cell["kind"] == "train":
-                seen.setdefault(cell["nproc"], {})[rank.get("local_rank", rank.get("rank", 0))] = rank["pinned_cores"]
-    if not seen:
-        return "each rank pins its compute to cores of its own (sched_setaffinity); no rank reported its cores"
-    parts = []
-    for n, ranks in sorted(seen.items()):
-        cores = " | ".join(",".join(map(str, ranks[r])) for r in sorted(ranks))
-        parts.append(f"{n} process{'es' * (n > 1)}: cores {cores}")
-    loops = "; gloo's event loop at idle priority (SCHED_IDLE) in every rank on torch's gloo" if idle_loops else ""
-    return (
-        "each rank's compute pinned to cores of its own once its backend had started (sched_setaffinity, every "
-        "launcher; the communication library's threads left free): " + "; ".join(parts) + loops
-    )
-
-
 def extra_launches_line(extra: dict) -> str:
     """Which cells got launches beyond --repeat because their intervals stayed wide
     (driver/runner.py's run_extra_launches)."""
@@ -134,14 +108,6 @@ def extra_launches_line(extra: dict) -> str:
     return (
         f"extra launches (a cell's interval still wider than --noisy after --repeat {extra['repeat']}; up to "
         f"--max-repeat {extra['max_repeat']} while the run's {extra['time_budget']:g} s lasted): {cells}"
-    )
-
-
-def probe_line(probe: dict) -> str:
-    """The machine's own speed along the run (driver/runner.py's probe_ms), in one line."""
-    return (
-        f"machine speed probe ({probe['kernel']}, after each of {probe['count']} launches): median "
-        f"{probe['median_ms']:g} ms, {probe['min_ms']:g}–{probe['max_ms']:g} ms ({probe['spread']:.0%} spread)"
     )
 
 
@@ -172,8 +138,6 @@ def header_lines(header: dict, with_commands: bool = True) -> list[str]:
     ]
     if header.get("cluster"):
         lines.append(cluster_line(header["cluster"]))
-    if header.get("binding"):
-        lines.append(f"binding: {header['binding']}")
     floor = header.get("noise_floor")
     if floor:
         spread = "n/a (a launch failed)" if floor.get("spread") is None else f"{floor['spread']:.1%}"
@@ -182,9 +146,6 @@ def header_lines(header: dict, with_commands: bool = True) -> list[str]:
             f"noise floor (A/A check: {floor['cell']} launched twice on {floor['model']}, median step "
             f"{medians} ms): {spread}"
         )
-    probe = header.get("speed_probe")
-    if probe:
-        lines.append(probe_line(probe))
     if header.get("extra_launches") is not None:
         lines.append(extra_launches_line(header["extra_launches"]))
     warning = busy_warning(header)

@@ -16,15 +16,10 @@ the Welch-Satterthwaite degrees of freedom. Drawing each estimate's own t and di
 would add two heavy tails: for two 3-launch figures its 95% points lie 6.5 standard errors out
 where Welch's lie 3.9 (a 99.6% interval called 95%).
 
-Over paired steps (the abstraction overhead) the interval is distribution-free: exact binomial
-order statistics of the median, taken over the medians of consecutive blocks of pairs, so that
-bursts of load that make neighbouring pairs alike do not narrow it.
-
 Every draw comes from a generator seeded by what is estimated, so rebuilding the tables from
 results.json gives the same intervals.
 
-Student's t tail and quantile come from scipy; Welch's degrees of freedom and Holm's step-down
-adjustment say whether two figures differ, and by how much.
+Student's t quantile comes from scipy; Welch's degrees of freedom say how far two figures differ.
 """
 
 from __future__ import annotations
@@ -51,12 +46,9 @@ __all__ = [
     "across_launches",
     "estimate",
     "ratio",
-    "binomial_interval",
     "relative_halfwidth",
-    "two_sided_p",
     "t_quantile",
     "welch",
-    "holm",
 ]
 
 CONFIDENCE = 0.95
@@ -221,27 +213,6 @@ def percentile_interval(replicates: torch.Tensor, confidence: float = CONFIDENCE
     return low, high
 
 
-def binomial_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
-    """Distribution-free interval for the median: (low, high, coverage).
-
-    The k-th smallest and k-th largest values cover the median with probability
-    1 - 2 P(Binomial(n, 1/2) < k); k is the largest that keeps that at or above `confidence`.
-    With too few values (n <= 5 for 95%) no k does: (min, max) and its lower coverage.
-    """
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        raise ValueError("interval of no values")
-    covers = 1 - 2 * stats.binom.cdf(range(max(1, n // 2)), n, 0.5)  # of k = 1, 2, ...: 1 - 2 P(B <= k - 1)
-    k = max(1, int((covers >= confidence).sum()))  # covers fall as k grows
-    return ordered[k - 1], ordered[n - k], float(covers[k - 1])
-
-
-def two_sided_p(t: float, df: float) -> float:
-    """P(|T| >= |t|) for Student's t with `df` degrees of freedom (inf: the normal)."""
-    return float(2.0 * stats.t.sf(abs(t), df))
-
-
 @functools.lru_cache(maxsize=256)
 def t_quantile(df: float, confidence: float = 0.95) -> float:
     """The t with P(|T| >= t) = 1 - `confidence` for Student's t with `df` (any positive real)
@@ -257,13 +228,3 @@ def welch(a: tuple, b: tuple) -> tuple:
     se2 = sa * sa + sb * sb
     df = se2 * se2 / ((sa**4) / da + (sb**4) / db) if se2 > 0 else math.inf
     return ca - cb, math.sqrt(se2), df
-
-
-def holm(p_values: list) -> list:
-    """Holm's step-down adjusted p-values (family-wise error control, any dependence)."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    adjusted, running = [1.0] * len(p_values), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted

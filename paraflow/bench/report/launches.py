@@ -7,9 +7,7 @@ from typing import Optional
 __all__ = [
     "TASK_PREFIX",
     "AA_TAG",
-    "TRACE_TAG",
     "groups",
-    "tuning_groups",
     "task_of",
     "status_of",
     "group_status",
@@ -45,27 +43,16 @@ def task_of(cell: dict, name: str) -> Optional[list]:
 
 
 AA_TAG = "aa"
-TRACE_TAG = "trace"
 
 
 def groups(cells: list, kind: str, aa: bool = False) -> dict:
     """group name -> the launches of that cell (records of `kind`), in launch order; the A/A
-    check's launches only with `aa`, and then only they; never a tuning setting's launches."""
+    check's launches only with `aa`, and then only they; never an older run's tuning or trace launches."""
     found: dict = {}
     for cell in cells:
-        extra = cell.get("options") or cell.get("tag") == TRACE_TAG
-        if cell["kind"] == kind and (cell.get("tag", "") == AA_TAG) == aa and not extra:
+        older = cell.get("options") or cell.get("tag") == "trace"
+        if cell["kind"] == kind and (cell.get("tag", "") == AA_TAG) == aa and not older:
             found.setdefault(cell.get("group", cell["id"]), []).append(cell)
-    return found
-
-
-def tuning_groups(cells: list) -> dict:
-    """default group name -> {setting group name: its launches}, for the tuning settings' launches."""
-    found: dict = {}
-    for cell in cells:
-        if cell["kind"] == "train" and cell.get("options"):
-            base = f"{cell['backend']}-{cell['launcher']}-{cell['nproc']}"
-            found.setdefault(base, {}).setdefault(cell.get("group", cell["id"]), []).append(cell)
     return found
 
 

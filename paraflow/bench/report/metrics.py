@@ -15,7 +15,6 @@ __all__ = [
     "slowest_rank_per_step",
     "throughput",
     "communication_overhead",
-    "abstraction_overhead",
     "bus_factor",
 ]
 
@@ -47,11 +46,6 @@ def throughput(samples: int, window_s: float) -> float:
 def communication_overhead(t_no_sync: float, t_sync: float) -> float:
     """1 - t_step(no gradient sync) / t_step(with it): the share of a step spent on gradient sync."""
     return 1.0 - t_no_sync / t_sync
-
-
-def abstraction_overhead(t_paraflow: float, t_raw: float) -> float:
-    """t_step(through paraflow) / t_step(same loop by hand on the raw library) - 1."""
-    return t_paraflow / t_raw - 1.0
 
 
 def bus_factor(n: int, collective: str = "allreduce") -> float:

@@ -6,18 +6,14 @@ import csv
 import json
 from pathlib import Path
 
-from .costmodel import FIT_COLUMNS, MODEL_NOTE, PROJECTION_COLUMNS, PUBLISHED_COLUMNS
+from .costmodel import FIT_COLUMNS, MODEL_NOTE, PROJECTION_COLUMNS
 from .header import header_lines
 from .tables import (
-    MEMCPY_COLUMNS,
-    OVERHEAD_COLUMNS,
-    OVERHEAD_TARGET,
+    SWEEP_COLUMNS,
     SWEEP_FOOTER_COLUMNS,
     TRAINING_COLUMNS,
-    TUNING_COLUMNS,
     csv_columns,
     render,
-    sweep_columns,
 )
 
 __all__ = [
@@ -33,14 +29,10 @@ __all__ = [
 #: CSV file -> (table key, columns); a CSV header names the columns by key, so no unit enters it.
 CSV_TABLES = {
     "training.csv": ("training", TRAINING_COLUMNS),
-    "sweep.csv": ("sweep", sweep_columns()),
+    "sweep.csv": ("sweep", SWEEP_COLUMNS),
     "sweep_summary.csv": ("sweep_footer", SWEEP_FOOTER_COLUMNS),
-    "memcpy.csv": ("memcpy", MEMCPY_COLUMNS),
-    "overhead.csv": ("overhead", OVERHEAD_COLUMNS),
-    "tuning.csv": ("tuning", TUNING_COLUMNS),
     "costmodel.csv": ("costmodel_fit", FIT_COLUMNS),
     "projection.csv": ("projection", PROJECTION_COLUMNS),
-    "published.csv": ("published", PUBLISHED_COLUMNS),
 }
 
 DEFINITIONS = [
@@ -65,38 +57,19 @@ DEFINITIONS = [
     "comm overhead: 1 - t_step(no gradient sync) / t_step(with it), medians of interleaved pairs of steps; the "
     "step without sync runs forward and backward under backend.no_sync and a local optimizer update "
     "(horovod's inside optimizer.skip_synchronize(), since its step() would reduce the skipped gradients).",
-    "step breakdown (compute, overlapped comm, exposed comm, optimizer, other; ms): timestamps on the "
-    "interleaved pairs of steps with and without gradient sync (no extra steps). compute = forward + backward of "
-    "the step without sync; optimizer = its optimizer step (a local update); exposed comm = what the synced step "
-    "waits for communication after its compute: its backward's tail after the last gradient is ready (where "
-    "DDP and fsdp wait for their buckets) beyond the unsynced step's tail, plus its wait in optimizer.step's "
-    "synchronize (horovod); overlapped comm = the synced backward from the first gradient ready (when "
-    "communication can start) to the last, an upper bound on communication hidden behind compute, not one of "
-    "the summed parts; other = synced step - compute - exposed - optimizer (to device, zero_grad, device sync, "
-    "compute slowed by communication sharing the cores). Per pair the slowest rank's synced step and its parts; "
-    "per launch medians over pairs. One process (single): every timed step, no communication.",
     "peak mem: peak resident set size of the process on CPU (max over ranks), torch's peak allocated memory on CUDA.",
     "model state: bytes of parameters, gradients and optimizer state one rank holds after a step, from the "
     "tensors (a sharded backend's local shards), max over ranks.",
     "loss at step --warmup: the loss after --warmup steps, mean over ranks: every launch runs at least those from "
     "the same seed and data, so rows with the same process count should agree.",
-    "sweep: nccl-tests style; per size the raw library's call and paraflow's public call (allreduce_, "
-    "broadcast_ in place, allgather returning a list) alternate, one operation each per round "
-    "(--sweep-rounds pairs at least, up to 40 below 1 MB and 200 from 1 MB up); time = median over rounds "
-    "of the slowest rank's time; algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, "
-    "reduce_scatter; size = the whole gathered or scattered buffer), 1 (broadcast); paraflow/raw = median "
-    "over rounds of a round's paraflow time over its raw time, then over launches; #wrong = elements "
-    "differing from the exact expected result.",
-    "memcpy: size / time of one buffer copy with the threads each rank uses (each byte counted once, like algbw).",
-    "abstraction overhead: one step through paraflow, one on the same loop set up by hand on the raw library and "
-    "one on a second hand-written copy (the A/A control), each side with 3 models built and stepped in shuffled "
-    "order; paired = median over pairs (model j of each side in one round) of paraflow / raw - 1, control = "
-    "control / raw - 1, 95% intervals from order statistics over 20 blocks of pairs; A/A floor = the control "
-    f"interval's end farthest from 0; within {OVERHEAD_TARGET:.0%}: yes when the paired interval widened by the "
-    "A/A floor on both sides lies at or below the target, no when it lies above, unresolved otherwise.",
+    "sweep: nccl-tests style; per size the backend's library call (call: raw; paraflow's public call for a "
+    "backend with no raw library named), one operation per round (12 at least, up to 40 below 1 MB and 200 "
+    "from 1 MB up), float32 elements; time = median over rounds of the slowest rank's time; algbw = size / "
+    "time; busbw = algbw * 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter; size = the whole "
+    "gathered or scattered buffer), 1 (broadcast); #wrong = elements differing from the exact expected result.",
     "cost model: per backend, launcher and process count, allreduce time T = a(n)·α + b(n)·S/B fitted to the "
     "raw library's sweep times (weighted least squares on relative error; ring for gloo, Open MPI's "
-    "Rabenseifner for horovod under mpirun); predicted step = compute (compute_ms, else the median no-sync "
+    "Rabenseifner for horovod under mpirun); predicted step = compute (the median no-sync "
     "step) + the modelled time of the messages the backend sends (DDP buckets, horovod fusion buffers, fsdp "
     "all-gathers and reduce-scatters), no overlap; prediction error = predicted / measured median - 1. The "
     "projection carries the same to N hosts: it is computed, not measured.",
@@ -116,25 +89,18 @@ def _by(rows: list, keys: tuple) -> dict:
 
 #: Columns left out of the terminal and Markdown tables (they stay in the CSV and JSON).
 TRAINING_HIDDEN = ("model", "scaling", "transport", "device", "batch_per_rank", "parameters", "grad_mb_per_step")
-SWEEP_HIDDEN = ("backend", "launcher", "transport", "processes", "collective", "dtype")
+SWEEP_HIDDEN = ("backend", "launcher", "transport", "processes", "collective")
 
 
-def _sweep_footer(footer: dict, unit: str) -> str:
-    def bw(key: str) -> str:
-        return "—" if footer.get(key) is None else f"{footer[key]:g} {unit}"
-
-    vs = footer.get("avg_busbw_vs_memcpy")
-    return (
-        f"# Avg bus bandwidth : raw {bw('avg_raw_busbw')}, paraflow {bw('avg_busbw')}"
-        + (f" ({vs * 100:.1f}% of memcpy)" if vs is not None else "")
-        + f"   # Out of bounds values : {footer['wrong']} {'OK' if footer['wrong'] == 0 else 'WRONG'}"
-    )
+def _sweep_footer(footer: dict) -> str:
+    busbw = "—" if footer.get("avg_busbw") is None else f"{footer['avg_busbw']:g} GB/s"
+    wrong = footer["wrong"]
+    return f"# Avg bus bandwidth : {busbw}   # Out of bounds values : {wrong} {'OK' if wrong == 0 else 'WRONG'}"
 
 
 def _sections(results: dict, fmt: str) -> list:
     """(title, text) pairs for every table of results.md, in reading order."""
     tables = results["tables"]
-    unit = results.get("config", {}).get("units", "GB/s")
     sections = []
     for (model, scaling), rows in _by(tables["training"], ("model", "scaling")).items():
         first = next((r for r in rows if r["parameters"] is not None), rows[0])
@@ -144,42 +110,24 @@ def _sections(results: dict, fmt: str) -> list:
             else "no result"
         )
         hidden = TRAINING_HIDDEN + (("speedup",) if scaling == "weak" else ())
-        hidden += ("setting",) if all(r.get("setting", "default") == "default" for r in rows) else ()
         hidden += ("compiled", "compile_s") if all(r.get("compiled", "no") == "no" for r in rows) else ()
         hidden += ("peak_cuda_mb",) if all(r.get("peak_cuda_mb") is None for r in rows) else ()
         title = f"Training: {model}, {scaling} scaling ({about})"
         sections.append((title, render(rows, TRAINING_COLUMNS, fmt, drop=hidden)))
-    footers = {
-        (f["backend"], f["launcher"], f["processes"], f["collective"], f["dtype"]): f for f in tables["sweep_footer"]
-    }
-    for key, rows in _by(tables["sweep"], ("backend", "launcher", "processes", "collective", "dtype")).items():
-        text = render(rows, sweep_columns(unit), fmt, drop=SWEEP_HIDDEN)
+    keys = ("backend", "launcher", "processes", "collective")
+    footers = {tuple(f[k] for k in keys): f for f in tables["sweep_footer"]}
+    for key, rows in _by(tables["sweep"], keys).items():
+        text = render(rows, SWEEP_COLUMNS, fmt, drop=SWEEP_HIDDEN)
         if footers.get(key, {}).get("sizes"):
-            text += f"\n\n`{_sweep_footer(footers[key], unit)}`"
-        backend, launcher, n, collective, dtype = key
-        title = f"{collective or 'Sweep'} {dtype or ''}: {backend} under {launcher}, {n} processes".strip()
+            text += f"\n\n`{_sweep_footer(footers[key])}`"
+        backend, launcher, n, collective = key
+        title = f"{collective or 'Sweep'} float32: {backend} under {launcher}, {n} processes"
         sections.append((title[0].upper() + title[1:], text))
     for u in tables.get("sweep_unsupported", []):
         sections.append(
             (
-                f"Not measured: {u['collective']} {u['dtype']} under {u['backend']} · {u['launcher']}",
+                f"Not measured: {u['collective']} under {u['backend']} · {u['launcher']}",
                 _md_escape(u["error"]),
-            )
-        )
-    if tables["memcpy"]:
-        sections.append(("Memory-copy bandwidth of this machine", render(tables["memcpy"], MEMCPY_COLUMNS, fmt)))
-    if tables.get("tuning"):
-        sections.append(
-            (
-                "Tuning: every setting measured (the chosen one is each table's tuned row)",
-                render(tables["tuning"], TUNING_COLUMNS, fmt),
-            )
-        )
-    if tables["overhead"]:
-        sections.append(
-            (
-                "Abstraction overhead: paraflow against the same loop on the raw library",
-                render(tables["overhead"], OVERHEAD_COLUMNS, fmt),
             )
         )
     return sections + model_sections(tables, fmt)
@@ -206,21 +154,12 @@ def markdown_report(results: dict, plots: list) -> str:
         lines += [f"## {title}", "", text, ""]
     for plot in plots:
         lines += [f"![{plot}]({plot})", ""]
-    if results.get("traces"):
-        lines += [
-            "## Traces",
-            "",
-            "Chrome traces (chrome://tracing, ui.perfetto.dev) of a few steps per rank, and horovod's timeline:",
-            "",
-            *[f"- [{t}]({t})" for t in results["traces"]],
-            "",
-        ]
     if _skipped(results):
         lines += ["## Not run here", "", *[f"- {_md_escape(s)}" for s in _skipped(results)], ""]
     if _failures(results):
         lines += ["## Failed cells", "", *[f"- {_md_escape(f)}" for f in _failures(results)], ""]
     lines += ["## Commands", "", "```", *header["commands"], "```", ""]
-    verdicts = [entry["text"] for entry in results["tables"].get("verdict", [])]  # training, overhead, collectives
+    verdicts = [entry["text"] for entry in results["tables"].get("verdict", [])]  # training, collectives
     if verdicts:
         lines += ["## Verdict", "", *[f"- {_md_escape(v)}" for v in verdicts], ""]
     return "\n".join(lines)
@@ -266,15 +205,6 @@ def model_sections(tables: dict, fmt: str) -> list:
             (
                 "PROJECTION to many hosts from the cost model (not measured)",
                 render(tables["projection"], PROJECTION_COLUMNS, fmt) + "\n\n" + MODEL_NOTE,
-            )
-        )
-    if tables.get("published"):
-        first = tables["published"][0]
-        sections.append(
-            (
-                f"PROJECTION against Horovod's published scaling ({first['gpus']} GPUs, {first['link']}, "
-                f"α {first['alpha_us']:g} µs per ring step)",
-                render(tables["published"], PUBLISHED_COLUMNS, fmt),
             )
         )
     return sections

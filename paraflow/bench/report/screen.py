@@ -1,6 +1,6 @@
 """The answer on one screen: the verdict first, one line per model, then a compact table.
 
-Everything else (every table, the collectives sweep, the step breakdown, the cost model, the
+Everything else (every table, the collectives sweep, the cost model, the
 commands) is in results.md, the CSV files, results.json and the plots.
 
     mlp, 2 processes: horovod·mpirun 1.18× [1.10, 1.26] the throughput of ddp-gloo·torchrun;
@@ -72,18 +72,14 @@ def _against_single(row: Optional[dict], n: int) -> str:
 
 
 def headlines(verdict: list, training: Optional[list] = None) -> list:
-    """One line per model: weak scaling, default settings, at the model's largest process count
+    """One line per model: weak scaling, at the model's largest process count
     (`training`: the training rows, for a configuration alone at its process count)."""
-    entries = [v for v in verdict if "processes" in v and v.get("scaling") == "weak" and not v.get("tuned")]
+    entries = [v for v in verdict if "processes" in v and v.get("scaling") == "weak"]
     widest: dict = {}
     for entry in entries:
         if entry["processes"] >= widest.get(entry["model"], {"processes": 0})["processes"]:
             widest[entry["model"]] = entry
-    rows = {
-        (r["model"], _run(r), r["processes"]): r
-        for r in training or []
-        if r.get("scaling", "weak") == "weak" and r.get("setting", "default") == "default"
-    }
+    rows = {(r["model"], _run(r), r["processes"]): r for r in training or [] if r.get("scaling", "weak") == "weak"}
     return [headline(e, rows.get((e["model"], e.get("first"), e["processes"]))) for e in widest.values()]
 
 
@@ -105,10 +101,10 @@ def _params(row: dict) -> str:
 
 
 def compact_rows(training: list) -> list:
-    """The compact table's rows: weak scaling, default settings, one per model x backend x launcher x processes."""
+    """The compact table's rows: weak scaling, one per model x backend x launcher x processes."""
     rows = []
     for row in training:
-        if row.get("scaling", "weak") != "weak" or row.get("setting", "default") != "default":
+        if row.get("scaling", "weak") != "weak":
             continue
         interval = [row.get(k) for k in ("samples_per_s", "samples_per_s_low", "samples_per_s_high")]
         samples = interval_text(*interval, ",.0f") if row.get("status") == "ok" else row.get("status")

@@ -14,64 +14,25 @@ window over the window's wall time, its communication overhead 1 - median(no-syn
 median(sync steps) over interleaved pairs. The row shows the median over launches with a 95%
 interval across launches (Student's t, intervals.py); p10/p90 pool every launch's steps.
 
-The tuned row: every setting of `paraflow bench --tune` is a launch of its own (driver/tune.py);
-each gives a candidate row built exactly as the default rows are. Per model and scaling the
-candidate with the lowest median step time becomes the tuned row, named by its setting; every
-candidate is kept in the `tuning` table. A setting measured once has an interval from its steps
-alone, and picking the lowest of several noisy figures favours a lucky launch: the tuned row is
-optimistic by that much.
-
 Compiled rows (``paraflow bench --compile no,yes``): each backend's cell launched again with
 ``wrap_model(model, compile=True)``, its row beside the eager one with the same figures and
 intervals, efficiency against the compiled single row. Compile s is the slowest rank's first step,
 where torch.compile compiles, run before warm-up and never timed: the median over launches, with
 their lowest and highest.
 
-Step breakdown
---------------
-
-Each rank records, per pair of interleaved steps with and without gradient sync, the parts of its
-synced step (rank/train_loop.py); one process records them for every timed step and communicates
-nothing. Per pair the slowest rank's synced step is the step (a step takes as long as its slowest
-rank) and its parts are that rank's; other = step - compute - exposed - optimizer, so the parts
-add up to that step pair by pair. Per launch each part is the median over pairs; the row shows the
-median over launches with its interval across launches, as every other figure. Overlapped
-communication lies inside compute's time and is not one of the summed parts.
-
 Collectives
 -----------
 
 Per launch, a size's time is the median over rounds of the slowest rank's time for the round's
 operation; across launches the row shows the median with a 95% interval across launches
-(intervals.py), bandwidths follow from the time (algbw = size / time, busbw = algbw x nccl-tests'
-factor for the collective), and paraflow / raw pairs each round's paraflow operation with the raw
-one beside it (median over rounds, then over launches), so both sides of a ratio come from the
-same moments of the same processes.
-
-Abstraction overhead
---------------------
-
-Per pair (instance j of the paraflow, raw and control sides, one step each in the same round;
-the slowest rank's time each): paired overhead = paraflow / raw - 1, control = control / raw - 1,
-where the control is a second hand-written loop, so its overhead is zero by construction and
-shows what the method calls a difference when there is none. Intervals: exact order statistics
-over the medians of BLOCKS consecutive blocks of pairs (intervals.binomial_interval).
-
-The control is the method's noise floor: two identical loops built side by side can differ by a
-few percent in one launch (where each model's memory landed, which blocks of rounds the machine
-slowed), more than the paired interval, which sees only the pairs' scatter, covers. Each side
-averages several models built in a shuffled order (rank/overhead.py), which shrinks that but does
-not remove it, so the paired interval is judged widened on both sides by the control's farthest
-interval end from zero (`aa_floor`), as the training verdict judges against the A/A noise floor.
-
-Within 1%: "yes" when the widened interval lies at or below it, "no" when it lies above it,
-"unresolved" otherwise.
+(intervals.py), and bandwidths follow from the time (algbw = size / time, busbw = algbw x
+nccl-tests' factor for the collective).
 """
 
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -79,31 +40,16 @@ from ...errors import MissingDependencyError
 from ..model_spec import ModelSpec
 from . import intervals, metrics
 from .costmodel import model_tables
-from .launches import TASK_PREFIX, device_name, group_status, groups, rounded, task_of, tuning_groups
-from .verdict import (
-    DEFAULT_MARGIN,
-    OVERHEAD_TARGET,
-    aa_floor,
-    overhead_lines,
-    overhead_verdict,
-    sweep_lines,
-    training_verdict,
-)
+from .launches import TASK_PREFIX, device_name, group_status, groups, rounded, task_of
+from .verdict import DEFAULT_MARGIN, training_verdict
 
 __all__ = [
     "TRAINING_COLUMNS",
-    "TUNING_COLUMNS",
     "SWEEP_FOOTER_COLUMNS",
-    "MEMCPY_COLUMNS",
-    "OVERHEAD_COLUMNS",
-    "OVERHEAD_TARGET",
-    "sweep_columns",
+    "SWEEP_COLUMNS",
     "build_tables",
     "training_rows",
-    "tuned_row",
     "sweep_rows",
-    "memcpy_rows",
-    "overhead_rows",
     "noise_floor",
     "render",
     "require_tabulate",
@@ -111,30 +57,17 @@ __all__ = [
     "format_value",
     "format_cell",
     "csv_columns",
-    "BREAKDOWN_COLUMNS",
-    "SUMMED",
-    "launch_parts",
-    "breakdown_estimates",
 ]
 
 PERCENT_KEYS = {
     "scaling_efficiency",
     "comm_overhead",
-    "busbw_vs_memcpy",
-    "avg_busbw_vs_memcpy",
-    "abstraction_overhead",
-    "paired_overhead",
-    "control_overhead",
-    "aa_floor",
     "prediction_error",
     "efficiency",
-    "efficiency_no_overlap",
-    "efficiency_overlap",
-    "published",
     "rms_residual",
     "max_residual",
 }
-SIGNED_PERCENT_KEYS = {"abstraction_overhead", "paired_overhead", "control_overhead", "prediction_error"}
+SIGNED_PERCENT_KEYS = {"prediction_error"}
 #: Which figures a row's "noisy" names mark.
 NOISY_KEYS = {
     "step": ("step_ms_median",),
@@ -148,7 +81,6 @@ def _options(config: Optional[dict]) -> dict:
     return {
         "noisy": config.get("noisy", 0.10),
         "margin": config.get("margin", DEFAULT_MARGIN),
-        "units": config.get("units", "GB/s"),
         "scaling": tuple(config.get("scaling") or ("weak",)),
     }
 
@@ -177,10 +109,10 @@ def noise_floor(cells: list) -> Optional[dict]:
 def build_tables(cells: list, header: Optional[dict] = None, config: Optional[dict] = None) -> dict:
     """Every table from the cell records, and the verdict.
 
-    Tables: training, sweep (+ sweep_footer, sweep_unsupported), memcpy, overhead; noise_floor
+    Tables: training, sweep (+ sweep_footer, sweep_unsupported); noise_floor
     (the A/A check); verdict (list of {claim, text}); the cost model's costmodel_fit, predictions,
-    projection and published (costmodel.py). `config` (results.json's) gives the noisy
-    bound, the verdict's margin, the bandwidth unit and the scaling modes.
+    projection (costmodel.py). `config` (results.json's) gives the noisy
+    bound, the verdict's margin and the scaling modes.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # many small tensor operations: on a busy machine 2 threads took 20x longer
@@ -191,23 +123,16 @@ def build_tables(cells: list, header: Optional[dict] = None, config: Optional[di
 
 
 def _build(cells: list, opts: dict) -> dict:
-    memcpy = memcpy_rows(cells, opts["units"])
-    sweep, footers, unsupported = sweep_rows(cells, memcpy, opts["units"])
-    tuning: list = []
-    training, estimates = training_rows(cells, opts["scaling"], opts["noisy"], tuning)
-    overhead = overhead_rows(cells)
+    sweep, footers, unsupported = sweep_rows(cells)
+    training, estimates = training_rows(cells, opts["scaling"], opts["noisy"])
     floor = noise_floor(cells)
     spread = (floor or {}).get("spread") or 0.0
     verdict = training_verdict(training, estimates, spread, opts["margin"])
-    verdict += overhead_lines(overhead) + sweep_lines(footers)
     return {
         "training": training,
-        "tuning": tuning,
         "sweep": sweep,
         "sweep_footer": footers,
         "sweep_unsupported": unsupported,
-        "memcpy": memcpy,
-        "overhead": overhead,
         "noise_floor": floor,
         "verdict": verdict,
         **model_tables(cells, training, sweep, opts.get("header")),
@@ -291,58 +216,12 @@ def render(rows: list, columns: dict, fmt: str = "simple", drop: tuple = (), max
     return tabulate(body, headers=[columns[k] for k in keys], tablefmt=fmt, disable_numparse=True)
 
 
-DEFAULT_SETTING = "default"
-BREAKDOWN_COLUMNS = {
-    "compute_ms": "compute ms",
-    "overlapped_comm_ms": "overlapped comm ms",
-    "exposed_comm_ms": "exposed comm ms",
-    "optimizer_ms": "optimizer ms",
-    "other_ms": "other ms",
-}
-#: The parts that add up to the step (overlapped communication runs during compute).
-SUMMED = ("compute_ms", "exposed_comm_ms", "optimizer_ms", "other_ms")
-_RAW = {"compute_ms": "compute_s", "overlapped_comm_ms": "overlapped_comm_s", "exposed_comm_ms": "exposed_comm_s"}
-_RAW["optimizer_ms"] = "optimizer_s"
-
-
-def launch_parts(tasks: list) -> Optional[dict]:
-    """Column key -> per-pair seconds of one launch (slowest rank per pair), or None without a breakdown."""
-    parts = [t.get("breakdown") for t in tasks]
-    if any(p is None or not p.get("step_s") for p in parts):
-        return None
-    pairs = len(parts[0]["step_s"])
-    if any(len(p["step_s"]) != pairs for p in parts):
-        raise ValueError(f"ranks recorded different numbers of breakdown pairs: {[len(p['step_s']) for p in parts]}")
-    slowest = [max(parts, key=lambda p, i=i: p["step_s"][i]) for i in range(pairs)]
-    out: dict = {"step": [p["step_s"][i] for i, p in enumerate(slowest)]}
-    for key, raw in _RAW.items():
-        out[key] = None if any(p[raw] is None for p in parts) else [p[raw][i] for i, p in enumerate(slowest)]
-    out["other_ms"] = [
-        step - out["compute_ms"][i] - out["exposed_comm_ms"][i] - out["optimizer_ms"][i]
-        for i, step in enumerate(out["step"])
-    ]
-    return out
-
-
-def breakdown_estimates(per_launch: list, *key) -> dict:
-    """Column key -> Estimate (seconds) over launches, None for a part some launch could not measure."""
-    if not per_launch or any(p is None for p in per_launch):
-        return {}
-    return {
-        column: None
-        if any(p[column] is None for p in per_launch)
-        else intervals.estimate([p[column] for p in per_launch], "median", "breakdown", column, *key)
-        for column in BREAKDOWN_COLUMNS
-    }
-
-
 # key -> header shown on the terminal and in Markdown; CSV uses the keys (and key_low / key_high).
 TRAINING_COLUMNS = {
     "model": "model",
     "scaling": "scaling",
     "backend": "backend",
     "launcher": "launcher",
-    "setting": "setting",
     "compiled": "compiled",
     "transport": "transport",
     "device": "device",
@@ -362,7 +241,6 @@ TRAINING_COLUMNS = {
     "speedup": "speedup",
     "scaling_efficiency": "scaling eff",
     "comm_overhead": "comm overhead",
-    **BREAKDOWN_COLUMNS,
     "warmup_steps": "warm-up steps",
     "compile_s": "compile s",
     "peak_cuda_mb": "peak CUDA MB/rank",
@@ -433,7 +311,6 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
         backend=first["backend"],
         launcher=first["launcher"],
         processes=first["nproc"],
-        setting=DEFAULT_SETTING,
         compiled="yes" if first.get("compiled") else "no",
         transport=meta.get("transport"),
         device=device_name(meta["device"]) if meta.get("device") else None,
@@ -456,8 +333,6 @@ def _row(group: str, launches: list, spec: str, scaling: str) -> tuple:
     _put(row, "samples_per_s", x, 1, 1)
     _put(row, "samples_per_s_per_process", x, 1 / first["nproc"], 1)
     _put(row, "comm_overhead", comm, 1, 4)
-    for column, est in breakdown_estimates([launch_parts(t) for _, t in found], *key).items():
-        _put(row, column, est, 1e3, 3)
     row.update(
         model=t0["model"],
         batch_per_rank=t0["batch_per_rank"],
@@ -551,7 +426,7 @@ def _scale(rows: list, estimates: list, noisy: float) -> None:
             _put(row, "scaling_efficiency", speedup, 1 / replicas, 4)
 
 
-def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10, tuning: list = None) -> tuple:
+def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10) -> tuple:
     """(rows, estimates): one row per model x scaling x cell group, the single baseline first per model.
 
     Efficiency: weak scaling (fixed batch per rank) X / (replicas * X_single); strong scaling
@@ -559,20 +434,12 @@ def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10,
     row of the same model and device. `estimates` holds each row's interval estimates (for the verdict).
     """
     rows, estimates = [], []
-    tuned = tuning_groups(cells)
     for group, launches in groups(cells, "train").items():
         for spec in launches[0]["models"]:
             for scaling in scalings:
                 row, est = _row(group, launches, spec, scaling)
                 rows.append(row)
                 estimates.append(est)
-                if group in tuned:  # the tuned row beside the default one
-                    best, best_est, candidates = tuned_row(tuned[group], spec, scaling, _row)
-                    if tuning is not None:
-                        tuning.extend(candidates)
-                    if best is not None:
-                        rows.append(best)
-                        estimates.append(best_est)
     _scale(rows, estimates, noisy)
     order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in rows))}
     cell = {c: i for i, c in enumerate(dict.fromkeys((r["backend"], r["launcher"], r["processes"]) for r in rows))}
@@ -589,208 +456,82 @@ def training_rows(cells: list, scalings: tuple = ("weak",), noisy: float = 0.10,
     return [rows[i] for i in ranked], [estimates[i] for i in ranked]
 
 
-TUNING_COLUMNS = {
-    "model": "model",
-    "scaling": "scaling",
+#: The sweep's columns (float32 elements; GB = 1e9 bytes).
+SWEEP_COLUMNS = {
     "backend": "backend",
     "launcher": "launcher",
+    "transport": "transport",
     "processes": "procs",
-    "setting": "setting",
+    "collective": "collective",
+    "impl": "call",
+    "size_bytes": "size(B)",
+    "count": "count",
+    "time_us": "time(us)",
+    "algbw": "algbw(GB/s)",
+    "busbw": "busbw(GB/s)",
+    "wrong": "#wrong",
     "launches": "launches",
-    "step_ms_median": "step ms median",
-    "samples_per_s": "samples/s",
-    "chosen": "chosen",
     "status": "status",
 }
-
-
-def _label(options: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in options.items())
-
-
-def tuned_row(settings: dict, spec: str, scaling: str, build: Callable) -> tuple:
-    """(row, estimates, candidates) for one model and scaling from {setting group: launches};
-    `build(group, launches, spec, scaling)` makes a row as the default rows are made. The row is
-    None when no setting was measured."""
-    candidates, best = [], None
-    for group, launches in settings.items():
-        row, est = build(group, launches, spec, scaling)
-        row["setting"] = _label(launches[0]["options"])
-        candidates.append(row)
-        if row.get("step_ms_median") is not None and (
-            best is None or row["step_ms_median"] < best[0]["step_ms_median"]
-        ):
-            best = (row, est)
-    table = [{**{k: c.get(k) for k in TUNING_COLUMNS}, "chosen": best is not None and c is best[0]} for c in candidates]
-    for entry, c in zip(table, candidates):
-        for key in ("step_ms_median", "samples_per_s"):
-            entry[f"{key}_low"], entry[f"{key}_high"] = c.get(f"{key}_low"), c.get(f"{key}_high")
-    if best is None:
-        return None, {}, table
-    row, est = dict(best[0]), best[1]
-    row["setting"] = f"tuned: {row['setting']} (best of {len(candidates)})"
-    return row, est, table
-
-
-#: Bandwidth unit -> factor from bytes per second.
-UNIT_SCALE = {"GB/s": 1e-9, "Gbit/s": 8e-9}
-LARGE = 1024**2  # paraflow's target: within 1.1x of raw from 1 MB up
-
-
-def sweep_columns(unit: str = "GB/s") -> dict:
-    """Sweep columns with `unit` in the bandwidth headers."""
-    return {
-        "backend": "backend",
-        "launcher": "launcher",
-        "transport": "transport",
-        "processes": "procs",
-        "collective": "collective",
-        "dtype": "type",
-        "size_bytes": "size(B)",
-        "count": "count",
-        "raw_time_us": "raw time(us)",
-        "raw_busbw": f"raw busbw({unit})",
-        "time_us": "paraflow time(us)",
-        "algbw": f"paraflow algbw({unit})",
-        "busbw": f"paraflow busbw({unit})",
-        "vs_raw": "paraflow/raw",
-        "wrong": "#wrong",
-        "memcpy": f"memcpy({unit})",
-        "busbw_vs_memcpy": "busbw/memcpy",
-        "launches": "launches",
-        "status": "status",
-    }
-
-
 SWEEP_FOOTER_COLUMNS = {
     "backend": "backend",
     "launcher": "launcher",
     "processes": "procs",
     "collective": "collective",
-    "dtype": "type",
     "sizes": "sizes",
     "wrong": "#wrong",
-    "avg_raw_busbw": "avg raw busbw",
-    "avg_busbw": "avg paraflow busbw",
-    "avg_busbw_vs_memcpy": "avg busbw/memcpy",
-    "worst_vs_raw_large": "worst paraflow/raw >= 1 MB",
-    "vs_raw_smallest": "paraflow/raw smallest",
+    "avg_busbw": "avg busbw",
     "status": "status",
 }
-MEMCPY_COLUMNS = {
-    "device": "device",
-    "threads": "threads",
-    "size_bytes": "size(B)",
-    "time_us": "time(us)",
-    "bw": "copy",
-}
 
 
-def memcpy_rows(cells: list, unit: str = "GB/s") -> list:
-    """Copy bandwidth per device and size, from the memcpy cell."""
-    rows = []
-    for cell in cells:
-        tasks = task_of(cell, "memcpy") if cell["kind"] == "memcpy" else None
-        for device, sizes in tasks[0]["devices"].items() if tasks else ():
-            for s in sizes:
-                rows.append(
-                    {
-                        "device": device,
-                        "threads": tasks[0]["threads"],
-                        "size_bytes": s["bytes"],
-                        "time_us": rounded(s["time_s"] * 1e6, 3),
-                        "bw": rounded(s["bytes"] / s["time_s"] * UNIT_SCALE[unit], 4),
-                    }
-                )
-    return rows
-
-
-def _put_bw(row: dict, key: str, size: int, factor: float, time: intervals.Estimate, scale: float) -> None:
-    """Bandwidth from a time estimate: the interval's ends swap (a longer time is a lower bandwidth)."""
-    bw = size * factor * scale
+def _put_bw(row: dict, key: str, size: int, factor: float, time: intervals.Estimate) -> None:
+    """Bandwidth (GB/s) from a time estimate: the interval's ends swap (a longer time is a lower bandwidth)."""
+    bw = size * factor * 1e-9
     row[key], row[f"{key}_low"], row[f"{key}_high"] = (rounded(bw / t, 4) for t in (time.value, time.high, time.low))
 
 
-def _rows_of(group: str, found: list, ident: dict, copy_bw: dict, unit: str) -> tuple[list, list]:
+def _rows_of(group: str, found: list, ident: dict) -> tuple[list, list]:
     n = ident["processes"]
-    device = device_name(found[0][0]["device"])
     keyed: dict = {}
     for launch, tasks in enumerate(found):
         for rank_task in tasks:
             for r in rank_task["rows"]:
-                slot = keyed.setdefault((r["collective"], r["dtype"]), {}).setdefault(r["bytes"], {"count": r["count"]})
-                side = slot.setdefault(r["impl"], {})
-                side.setdefault("time", {}).setdefault(launch, []).append(r.get("round_s") or [r["time_s"]])
-                side["wrong"] = side.get("wrong", 0) + r["wrong"]
+                if r.get("impl") == "public" or r.get("dtype", "float32") != "float32":
+                    continue  # an older run's paraflow side of a size, or another element type
+                slot = keyed.setdefault(r["collective"], {}).setdefault(r["bytes"], {"count": r["count"], "wrong": 0})
+                slot.setdefault("time", {}).setdefault(launch, []).append(r.get("round_s") or [r["time_s"]])
+                slot["impl"], slot["wrong"] = r.get("impl"), slot["wrong"] + r["wrong"]
     rows, footers = [], []
-    for (collective, dtype), sizes in keyed.items():
+    for collective, sizes in keyed.items():
         body = []
         for size, slot in sorted(sizes.items()):
-            row = {**dict.fromkeys(sweep_columns(unit)), **ident, "collective": collective, "dtype": dtype}
-            row.update(size_bytes=size, count=slot["count"], launches=len(found), status="ok")
-            factor = metrics.bus_factor(n, collective)
-            times = {}
-            for side, data in slot.items():
-                if side == "count":
-                    continue
-                per_launch = [metrics.slowest_rank_per_step(ranks) for ranks in data["time"].values()]  # per round
-                times[side] = per_launch
-                est = intervals.estimate(per_launch, "median", "time", group, collective, dtype, size, side)
-                prefix = "raw_" if side == "raw" else ""
-                _put(row, f"{prefix}time_us", est, 1e6, 2)
-                _put_bw(row, f"{prefix}busbw", size, factor, est, UNIT_SCALE[unit])
-                if side == "public":
-                    _put_bw(row, "algbw", size, 1.0, est, UNIT_SCALE[unit])
-            row["wrong"] = sum(d["wrong"] for k, d in slot.items() if k != "count")
-            if "public" in times and "raw" in times:  # paired: a round's paraflow time over its raw time
-                ratios = [[p / r for p, r in zip(pub, raw)] for pub, raw in zip(times["public"], times["raw"])]
-                _put(row, "vs_raw", intervals.estimate(ratios, "median", "ratio", group, collective, dtype, size), 1, 3)
-            busbw = row["busbw"] if row["busbw"] is not None else row["raw_busbw"]
-            copy = copy_bw.get((device, size))
-            row["memcpy"] = copy
-            row["busbw_vs_memcpy"] = rounded(busbw / copy, 4) if copy and busbw is not None else None
+            row = {**dict.fromkeys(SWEEP_COLUMNS), **ident, "collective": collective, "impl": slot["impl"]}
+            row.update(size_bytes=size, count=slot["count"], wrong=slot["wrong"], launches=len(found), status="ok")
+            per_launch = [metrics.slowest_rank_per_step(ranks) for ranks in slot["time"].values()]  # per round
+            est = intervals.estimate(per_launch, "median", "time", group, collective, size)
+            _put(row, "time_us", est, 1e6, 2)
+            _put_bw(row, "busbw", size, metrics.bus_factor(n, collective), est)
+            _put_bw(row, "algbw", size, 1.0, est)
             body.append(row)
         rows += body
-        footers.append(_footer(ident, collective, dtype, body))
+        busbw = [r["busbw"] for r in body if r["busbw"] is not None]
+        footers.append(
+            {
+                **{k: ident[k] for k in ("backend", "launcher", "processes")},
+                "collective": collective,
+                "sizes": len(body),
+                "wrong": sum(r["wrong"] for r in body),
+                "avg_busbw": rounded(statistics.fmean(busbw), 4) if busbw else None,
+                "status": "ok",
+            }
+        )
     return rows, footers
 
 
-def _mean(values: list) -> Optional[float]:
-    values = [v for v in values if v is not None]
-    return rounded(statistics.fmean(values), 4) if values else None
-
-
-def _footer(ident: dict, collective: str, dtype: str, body: list) -> dict:
-    large = [r for r in body if r["vs_raw"] is not None and r["size_bytes"] >= LARGE]
-    first = body[0] if body else {}
-    return {
-        **{k: ident[k] for k in ("backend", "launcher", "processes")},
-        "collective": collective,
-        "dtype": dtype,
-        "sizes": len(body),
-        "wrong": sum(r["wrong"] for r in body),
-        "avg_raw_busbw": _mean([r["raw_busbw"] for r in body]),
-        "avg_busbw": _mean([r["busbw"] for r in body]),
-        "avg_busbw_vs_memcpy": _mean([r["busbw_vs_memcpy"] for r in body]),
-        "worst_vs_raw_large": max((r["vs_raw"] for r in large), default=None),
-        # the interval ends that decide the verdict: the highest low end and the highest high end
-        "worst_vs_raw_large_low": max(
-            (r["vs_raw_low"] for r in large if r.get("vs_raw_low") is not None), default=None
-        ),
-        "worst_vs_raw_large_high": max(
-            (r["vs_raw_high"] for r in large if r.get("vs_raw_high") is not None), default=None
-        ),
-        "vs_raw_smallest": first.get("vs_raw"),
-        "vs_raw_smallest_low": first.get("vs_raw_low"),
-        "vs_raw_smallest_high": first.get("vs_raw_high"),
-        "status": "ok",
-    }
-
-
-def sweep_rows(cells: list, memcpy: Optional[list] = None, unit: str = "GB/s") -> tuple[list, list, list]:
-    """(rows, footers, unsupported): one row per cell group x collective x dtype x size, one footer per
-    group x collective x dtype, and the collectives or dtypes a library refused."""
-    copy_bw = {(r["device"], r["size_bytes"]): r["bw"] for r in (memcpy or [])}
+def sweep_rows(cells: list) -> tuple[list, list, list]:
+    """(rows, footers, unsupported): one row per cell group x collective x size, one footer per
+    group x collective, and the collectives a library refused."""
     rows, footers, unsupported = [], [], []
     for group, launches in groups(cells, "train").items():
         launches = [c for c in launches if c.get("sweep")]  # extra launches of a noisy cell skip it
@@ -807,86 +548,14 @@ def sweep_rows(cells: list, memcpy: Optional[list] = None, unit: str = "GB/s") -
         found = [t for c in launches for t in [task_of(c, "sweep")] if t is not None]
         status = group_status(launches, len(found), "sweep result")
         if not found:
-            rows.append({**dict.fromkeys(sweep_columns(unit)), **ident, "status": status})
+            rows.append({**dict.fromkeys(SWEEP_COLUMNS), **ident, "status": status})
             footers.append({**dict.fromkeys(SWEEP_FOOTER_COLUMNS), **ident, "status": status})
             continue
-        body, feet = _rows_of(group, found, ident, copy_bw, unit)
+        body, feet = _rows_of(group, found, ident)
         for row in body + feet:
             row["status"] = status
         rows += body
         footers += feet
-        refused = {(u["collective"], u["dtype"]): u["error"] for t in found[0] for u in t.get("unsupported", [])}
-        unsupported += [{**ident, "collective": c, "dtype": d, "error": e} for (c, d), e in refused.items()]
+        refused = {u["collective"]: u["error"] for t in found[0] for u in t.get("unsupported", [])}
+        unsupported += [{**ident, "collective": c, "error": e} for c, e in refused.items()]
     return rows, footers, unsupported
-
-
-BLOCKS = 20
-
-OVERHEAD_COLUMNS = {
-    "backend": "backend",
-    "library": "raw library",
-    "launcher": "launcher",
-    "processes": "procs",
-    "model": "model",
-    "pairs": "pairs",
-    "paraflow_step_ms_median": "paraflow step ms",
-    "raw_step_ms_median": "raw step ms",
-    "paired_overhead": "paired overhead",
-    "control_overhead": "A/A control",
-    "aa_floor": "A/A floor",
-    "within_target": "within 1%",
-    "status": "status",
-}
-
-
-def _paired(ratios: list) -> tuple:
-    low, high, _ = intervals.binomial_interval(
-        intervals.blocks(torch.tensor(ratios, dtype=torch.float64), "median", BLOCKS).tolist()
-    )
-    return statistics.median(ratios), low, high
-
-
-def _overhead_row(ident: dict, tasks: list) -> dict:
-    side = {k: metrics.slowest_rank_per_step([t[f"{k}_step_s"] for t in tasks]) for k in ("paraflow", "raw", "control")}
-    pf, raw = statistics.median(side["paraflow"]), statistics.median(side["raw"])
-    paired = _paired([metrics.abstraction_overhead(p, r) for p, r in zip(side["paraflow"], side["raw"])])
-    control = _paired([metrics.abstraction_overhead(c, r) for c, r in zip(side["control"], side["raw"])])
-    row = {
-        **ident,
-        "library": tasks[0]["library"],
-        "model": tasks[0]["model"],
-        "pairs": tasks[0]["pairs"],
-        "paraflow_step_ms_median": rounded(pf * 1e3, 4),
-        "raw_step_ms_median": rounded(raw * 1e3, 4),
-        "abstraction_overhead": rounded(metrics.abstraction_overhead(pf, raw), 4),
-        "aa_floor": rounded(aa_floor(control), 4),
-        "within_target": overhead_verdict(paired, control),
-        "status": "ok",
-    }
-    for key, (value, low, high) in (("paired_overhead", paired), ("control_overhead", control)):
-        row[key], row[f"{key}_low"], row[f"{key}_high"] = rounded(value, 4), rounded(low, 4), rounded(high, 4)
-    return row
-
-
-def overhead_rows(cells: list) -> list:
-    """One row per cell group that measured the abstraction overhead (in the launch that carried
-    it): medians, paired and control overheads with intervals, verdict."""
-    rows = []
-    for _, launches in groups(cells, "train").items():
-        carried = [c for c in launches if c.get("overhead")]
-        if not carried:
-            continue
-        cell = carried[0]
-        ident = {
-            "backend": cell["backend"],
-            "launcher": cell["launcher"],
-            "processes": cell["nproc"],
-            "model": cell["overhead"],
-        }
-        tasks = task_of(cell, "overhead")
-        if tasks is None:
-            status = group_status(carried, 0, "overhead result")
-            rows.append({**dict.fromkeys(OVERHEAD_COLUMNS), **ident, "status": status})
-            continue
-        rows.append(_overhead_row(ident, tasks))
-    return rows

@@ -7,8 +7,7 @@ the ratio exceeds 1 + the larger of the margin (default 5%) and the machine's no
 A/A spread: relevant); otherwise it shares the first place, with "no significant difference"
 or "a difference below" the threshold. Each row's factor is given against the fastest by median.
 Each entry has a `claim` (the categorical statement, no numbers: what a rerun should repeat) and
-a `text` (the claim with its numbers). The same for the abstraction overhead and for paraflow's
-collectives against the raw library's.
+a `text` (the claim with its numbers).
 """
 
 from __future__ import annotations
@@ -17,37 +16,12 @@ from typing import Optional
 
 from . import intervals
 
-__all__ = ["training_verdict", "overhead_lines", "sweep_lines", "compare_pair", "overhead_verdict", "aa_floor"]
-__all__ += ["OVERHEAD_TARGET", "RAW_TARGET_LARGE", "RAW_TARGET_SMALL", "DEFAULT_MARGIN"]
+__all__ = ["training_verdict", "compare_pair", "DEFAULT_MARGIN"]
 
 #: The verdict calls a throughput difference only from this size up: two runs of one commit here
-#: put the machine itself 0.3-3.7% apart (the speed probe), so a smaller one is not what a rerun repeats.
+#: put the machine itself 0.3-3.7% apart (a fixed kernel timed after every launch), so a smaller one is
+#: not what a rerun repeats.
 DEFAULT_MARGIN = 0.05
-
-#: Abstraction overhead paraflow aims to stay within (reported, never asserted).
-OVERHEAD_TARGET = 0.01
-RAW_TARGET_LARGE = 1.10  # paraflow's collectives vs the raw library's, from 1 MB up
-RAW_TARGET_SMALL = 1.50  # at the smallest size
-
-
-def aa_floor(control: tuple) -> float:
-    """The control's (value, low, high) interval end farthest from zero: what the method reports
-    between identical loops, in either direction."""
-    return max(abs(control[1]), abs(control[2]))
-
-
-def overhead_verdict(paired: tuple, control: tuple, target: float = OVERHEAD_TARGET) -> str:
-    """The within-target verdict from (value, low, high) of the paired and control overheads (see
-    the module's docstring)."""
-    (_, low, high), floor = paired, aa_floor(control)
-    if high + floor <= target:
-        return "yes"
-    if low - floor > target:
-        return "no"
-    return (
-        f"unresolved: the paired interval {low:+.1%}..{high:+.1%} widened by the A/A floor "
-        f"{floor:.1%} straddles {target:.0%}"
-    )
 
 
 def _name(row: dict) -> str:
@@ -81,7 +55,7 @@ def _beaten_by(slow: intervals.Estimate, faster: list, threshold: float) -> Opti
     return None
 
 
-def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: float, tuned: bool = False) -> dict:
+def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: float) -> dict:
     """entries: (row, estimates) of one model, scaling and process count, each with a throughput."""
     entries = sorted(entries, key=lambda e: -e[1]["x"].value)
     fast_row, fast = entries[0]
@@ -103,7 +77,6 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: f
     ties = sorted([_name(fast_row)] + [o["name"] for o in others if not o["slower"]])
     behind = sorted(o["name"] for o in others if o["slower"])
     where = f"{model}, {n} process{'es' * (n > 1)}" + (", strong scaling" if scaling == "strong" else "")
-    where += ", tuned against tuned" if tuned else ""
     claim = f"{where}: fastest {' = '.join(ties)}" + (f"; slower: {', '.join(behind)}" if behind else "")
     parts = [f"{where}: fastest {_name(fast_row)} ({fast['x'].value:,.0f} samples/s)"]
     for o in others:
@@ -124,7 +97,6 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: f
         "model": model,
         "scaling": scaling,
         "processes": n,
-        "tuned": tuned,
         "threshold": threshold,
         "fastest": ties,
         "first": _name(fast_row),
@@ -139,67 +111,11 @@ def _group_verdict(model: str, scaling: str, n: int, entries: list, threshold: f
 
 
 def training_verdict(rows: list, estimates: list, noise_floor: float = 0.0, margin: float = 0.0) -> list:
-    """One entry per model x scaling x process count with at least one measured row: default
-    settings against default settings, and (with tuning rows) tuned against tuned. A difference
+    """One entry per model x scaling x process count with at least one measured row. A difference
     is called from 1 + max(`noise_floor`, `margin`) up."""
     threshold = max(noise_floor, margin)
     grouped: dict = {}
     for row, est in zip(rows, estimates):
         if est and est.get("x") is not None:
-            tuned = row.get("setting", "default") != "default"
-            grouped.setdefault((row["model"], row["scaling"], row["processes"], tuned), []).append((row, est))
-    return [_group_verdict(m, s, n, entries, threshold, tuned) for (m, s, n, tuned), entries in grouped.items()]
-
-
-def overhead_lines(rows: list) -> list:
-    """One entry per abstraction-overhead measurement: within 1% yes / no / unresolved, with the numbers."""
-    out = []
-    for row in rows:
-        if row.get("within_target") is None:
-            continue
-        verdict = row["within_target"]
-        where = f"abstraction overhead, {row['backend']} at {row['processes']} process{'es' * (row['processes'] > 1)}"
-        claim = f"{where}: within {OVERHEAD_TARGET:.0%}: {verdict.split(':')[0]}"
-        detail = (
-            f"paired {row['paired_overhead']:+.2%} "
-            f"[{row['paired_overhead_low']:+.2%}, {row['paired_overhead_high']:+.2%}], "
-            f"A/A control {row['control_overhead']:+.2%} [{row['control_overhead_low']:+.2%}, "
-            f"{row['control_overhead_high']:+.2%}], A/A floor {row['aa_floor']:.2%}"
-        )
-        out.append({"claim": claim, "text": f"{where}: within {OVERHEAD_TARGET:.0%}: {verdict} ({detail})."})
-    return out
-
-
-def _meets(value: Optional[float], target: float, low: Optional[float] = None, high: Optional[float] = None) -> str:
-    """yes when the interval lies at or below `target`, no when above it, "within noise" when it
-    straddles it (only the median, without an interval)."""
-    if value is None:
-        return "—"
-    if low is None or high is None:
-        return "yes" if value <= target else "no"
-    return "yes" if high <= target else ("no" if low > target else "within noise")
-
-
-def sweep_lines(footers: list) -> list:
-    """One entry per backend x launcher x collective x dtype with a raw comparison: paraflow's call
-    within 1.1x of the raw library's from 1 MB up, and within 1.5x at the smallest size: yes when
-    every interval lies at or below the target, no when one lies above, else within noise."""
-    out = []
-    for f in footers:
-        if f.get("worst_vs_raw_large") is None and f.get("vs_raw_smallest") is None:
-            continue
-        where = f"{f['collective']} {f['dtype']}, {f['backend']} · {f['launcher']}, {f['processes']} processes"
-        large, small = f["worst_vs_raw_large"], f["vs_raw_smallest"]
-        large_meets = _meets(large, RAW_TARGET_LARGE, f.get("worst_vs_raw_large_low"), f.get("worst_vs_raw_large_high"))
-        small_meets = _meets(small, RAW_TARGET_SMALL, f.get("vs_raw_smallest_low"), f.get("vs_raw_smallest_high"))
-        claim = (
-            f"{where}: paraflow within {RAW_TARGET_LARGE}× of raw at >= 1 MB: {large_meets}; "
-            f"within {RAW_TARGET_SMALL}× at the smallest size: {small_meets}"
-        )
-        numbers = []
-        if large is not None:
-            numbers.append(f"worst {large:.2f}× at >= 1 MB")
-        if small is not None:
-            numbers.append(f"{small:.2f}× at the smallest size")
-        out.append({"claim": claim, "text": f"{claim} ({', '.join(numbers)}; medians over launches)."})
-    return out
+            grouped.setdefault((row["model"], row["scaling"], row["processes"]), []).append((row, est))
+    return [_group_verdict(m, s, n, entries, threshold) for (m, s, n), entries in grouped.items()]
