@@ -112,3 +112,15 @@ def test_the_launcher_name_check_finds_a_comparison(tmp_path):
     package = copy_of_the_package(tmp_path)
     (package / "core" / "stray.py").write_text('def f(env):\n    return env.launcher == "torchrun"\n')
     assert launcher_name_comparisons(package) == ["core/stray.py:2"]
+
+
+#: The benchmark stays a part of paraflow, not the larger half of it: a feature it gains is paid
+#: for by merging or by one it drops.
+BENCH_MAX_LINES = 5000
+
+
+def test_the_benchmark_stays_within_its_line_budget():
+    lines = sum(len(path.read_text().splitlines()) for path in (PACKAGE / "bench").rglob("*.py"))
+    assert lines <= BENCH_MAX_LINES, (
+        f"paraflow/bench is {lines} lines, over its budget of {BENCH_MAX_LINES}: merge or drop something"
+    )
