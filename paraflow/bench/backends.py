@@ -2,8 +2,9 @@
 library's collectives, whose collectives it shares, when a default run leaves it out, whether its
 no-sync step still communicates, and its cost model (the messages a step sends, the allreduce
 algorithm per transport, a fixed wait per operation). The backends themselves know nothing of the
-benchmark. A backend registered elsewhere runs like any other; the sweep has no raw library call
-to set beside its own, and the cost model says it has no model for it instead of predicting no communication.
+benchmark. A backend registered elsewhere runs like any other; the sweep times its paraflow calls, having
+no raw library call for it, and the cost model says it has no model for it instead of predicting no
+communication.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ HOROVOD_CYCLE_S = 1e-3
 class BenchFacts:
     """One backend as the benchmark sees it."""
 
-    #: "module:Class" calling the raw library's collectives, beside paraflow's in the sweep.
+    #: "module:Class" calling the raw library's collectives, which the sweep times.
     raw_loop: Optional[str] = None
     #: Whose code runs the public collectives: backends with the same owner are swept once per transport.
     collectives: str = "own"

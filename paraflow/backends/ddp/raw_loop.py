@@ -1,6 +1,6 @@
-"""torch.distributed's collectives called straight, with no paraflow: the reference the benchmark's
-sweep times paraflow's public calls against (paraflow.bench.rank.sweep), on the process group
-paraflow started for the launch; DDP and FSDP share it."""
+"""torch.distributed's collectives called straight, with no paraflow: what the benchmark's sweep
+times (paraflow.bench.rank.sweep), and benchmarks/collective_cost.py sets paraflow's public calls
+against, on the process group paraflow started for the launch; DDP and FSDP share it."""
 
 from __future__ import annotations
 

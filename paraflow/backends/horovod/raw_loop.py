@@ -1,6 +1,6 @@
-"""horovod.torch's collectives called straight, with no paraflow: the reference the benchmark's
-sweep times paraflow's public calls against (paraflow.bench.rank.sweep), on the horovod paraflow
-started for the launch."""
+"""horovod.torch's collectives called straight, with no paraflow: what the benchmark's sweep times
+(paraflow.bench.rank.sweep), and benchmarks/collective_cost.py sets paraflow's public calls
+against, on the horovod paraflow started for the launch."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ class RawHorovod:
 
         self._hvd = hvd  # the sweep's calls use it: no import inside a timed call
 
-    # nccl-tests' collectives straight on horovod.torch, for the benchmark's sweep (nothing else in
-    # the call: it is the reference paraflow's public calls are timed against); named, so
-    # horovod's response cache skips renegotiating each repeat (its fast path)
+    # nothing else in the call; named, so horovod's response cache skips renegotiating each repeat
+    # (its fast path)
     def allreduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum in place."""
         return self._hvd.allreduce_(tensor, op=self._hvd.Sum, name="raw.allreduce")
